@@ -1,0 +1,50 @@
+# moeplane: `make demo` runs the main job, `make test` runs the tests.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PIP := $(BIN)/pip
+
+.PHONY: demo test test-fast services browser proto lint bench clean torch
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[dev]'
+	touch $(STAMP)
+
+$(VENV)/.torch: $(STAMP)
+	$(PIP) install -q 'torch==2.13.0'
+	touch $(VENV)/.torch
+
+torch: $(VENV)/.torch
+
+demo: $(STAMP)
+	$(BIN)/moeplane demo
+
+proto: $(STAMP)
+	$(BIN)/python -m controlplane.wire.generate
+
+services:
+	@scripts/start-services.sh
+
+browser:
+	@scripts/install-browser.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: $(STAMP) $(VENV)/.torch services browser
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow and not browser"
+
+bench: $(STAMP) $(VENV)/.torch
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache *.egg-info

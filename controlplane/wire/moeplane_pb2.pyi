@@ -1,0 +1,249 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PlanState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PLAN_STATE_UNSPECIFIED: _ClassVar[PlanState]
+    PLAN_STATE_RECEIVED: _ClassVar[PlanState]
+    PLAN_STATE_APPLIED: _ClassVar[PlanState]
+    PLAN_STATE_FAILED: _ClassVar[PlanState]
+PLAN_STATE_UNSPECIFIED: PlanState
+PLAN_STATE_RECEIVED: PlanState
+PLAN_STATE_APPLIED: PlanState
+PLAN_STATE_FAILED: PlanState
+
+class NDArray(_message.Message):
+    __slots__ = ("dtype", "shape", "data")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class DeviceInfo(_message.Message):
+    __slots__ = ("device_id", "index", "kind", "model", "memory_total_bytes", "rank")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    index: int
+    kind: str
+    model: str
+    memory_total_bytes: int
+    rank: int
+    def __init__(self, device_id: _Optional[str] = ..., index: _Optional[int] = ..., kind: _Optional[str] = ..., model: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("node_id", "hostname", "agent_version", "devices", "job_id", "ranks", "job")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    hostname: str
+    agent_version: str
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceInfo]
+    job_id: str
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    job: JobSpec
+    def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ..., job_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., job: _Optional[_Union[JobSpec, _Mapping]] = ...) -> None: ...
+
+class JobSpec(_message.Message):
+    __slots__ = ("job_id", "layers", "experts", "top_k", "world_size", "slots_per_rank", "ranks_per_node")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_PER_RANK_FIELD_NUMBER: _ClassVar[int]
+    RANKS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    layers: int
+    experts: int
+    top_k: int
+    world_size: int
+    slots_per_rank: int
+    ranks_per_node: int
+    def __init__(self, job_id: _Optional[str] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., top_k: _Optional[int] = ..., world_size: _Optional[int] = ..., slots_per_rank: _Optional[int] = ..., ranks_per_node: _Optional[int] = ...) -> None: ...
+
+class DeviceSamples(_message.Message):
+    __slots__ = ("timestamp", "device_ids", "metrics", "values")
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_IDS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    timestamp: float
+    device_ids: _containers.RepeatedScalarFieldContainer[str]
+    metrics: _containers.RepeatedScalarFieldContainer[str]
+    values: NDArray
+    def __init__(self, timestamp: _Optional[float] = ..., device_ids: _Optional[_Iterable[str]] = ..., metrics: _Optional[_Iterable[str]] = ..., values: _Optional[_Union[NDArray, _Mapping]] = ...) -> None: ...
+
+class ExpertLoads(_message.Message):
+    __slots__ = ("job_id", "step", "ranks", "missing_ranks", "counts", "timestamp")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_RANKS_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step: int
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    missing_ranks: _containers.RepeatedScalarFieldContainer[int]
+    counts: NDArray
+    timestamp: float
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ..., missing_ranks: _Optional[_Iterable[int]] = ..., counts: _Optional[_Union[NDArray, _Mapping]] = ..., timestamp: _Optional[float] = ...) -> None: ...
+
+class RankStepStats(_message.Message):
+    __slots__ = ("rank", "step_time_s", "host_bound_ratio", "tokens")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    HOST_BOUND_RATIO_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    step_time_s: float
+    host_bound_ratio: float
+    tokens: int
+    def __init__(self, rank: _Optional[int] = ..., step_time_s: _Optional[float] = ..., host_bound_ratio: _Optional[float] = ..., tokens: _Optional[int] = ...) -> None: ...
+
+class StepStats(_message.Message):
+    __slots__ = ("job_id", "step", "timestamp", "ranks")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step: int
+    timestamp: float
+    ranks: _containers.RepeatedCompositeFieldContainer[RankStepStats]
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., timestamp: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[RankStepStats, _Mapping]]] = ...) -> None: ...
+
+class PlanReport(_message.Message):
+    __slots__ = ("job_id", "epoch", "state", "step", "error")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    epoch: int
+    state: PlanState
+    step: int
+    error: str
+    def __init__(self, job_id: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[_Union[PlanState, str]] = ..., step: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class AgentMessage(_message.Message):
+    __slots__ = ("seq", "hello", "samples", "loads", "step_stats", "plan_report")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LOADS_FIELD_NUMBER: _ClassVar[int]
+    STEP_STATS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_REPORT_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    hello: Hello
+    samples: DeviceSamples
+    loads: ExpertLoads
+    step_stats: StepStats
+    plan_report: PlanReport
+    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., samples: _Optional[_Union[DeviceSamples, _Mapping]] = ..., loads: _Optional[_Union[ExpertLoads, _Mapping]] = ..., step_stats: _Optional[_Union[StepStats, _Mapping]] = ..., plan_report: _Optional[_Union[PlanReport, _Mapping]] = ...) -> None: ...
+
+class Config(_message.Message):
+    __slots__ = ("sample_interval_s", "job_id", "resume_after_seq")
+    SAMPLE_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RESUME_AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    sample_interval_s: float
+    job_id: str
+    resume_after_seq: int
+    def __init__(self, sample_interval_s: _Optional[float] = ..., job_id: _Optional[str] = ..., resume_after_seq: _Optional[int] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("seq", "code", "message", "duplicate")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    code: int
+    message: str
+    duplicate: bool
+    def __init__(self, seq: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class PlacementPlan(_message.Message):
+    __slots__ = ("job_id", "epoch", "phy2log", "slots_per_rank", "not_before_step")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PHY2LOG_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_PER_RANK_FIELD_NUMBER: _ClassVar[int]
+    NOT_BEFORE_STEP_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    epoch: int
+    phy2log: NDArray
+    slots_per_rank: int
+    not_before_step: int
+    def __init__(self, job_id: _Optional[str] = ..., epoch: _Optional[int] = ..., phy2log: _Optional[_Union[NDArray, _Mapping]] = ..., slots_per_rank: _Optional[int] = ..., not_before_step: _Optional[int] = ...) -> None: ...
+
+class ControlMessage(_message.Message):
+    __slots__ = ("config", "ack", "plan")
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    config: Config
+    ack: Ack
+    plan: PlacementPlan
+    def __init__(self, config: _Optional[_Union[Config, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., plan: _Optional[_Union[PlacementPlan, _Mapping]] = ...) -> None: ...
+
+class RankHello(_message.Message):
+    __slots__ = ("job", "rank", "device_id")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    job: JobSpec
+    rank: int
+    device_id: str
+    def __init__(self, job: _Optional[_Union[JobSpec, _Mapping]] = ..., rank: _Optional[int] = ..., device_id: _Optional[str] = ...) -> None: ...
+
+class RankStep(_message.Message):
+    __slots__ = ("step", "counts", "stats", "timestamp")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    counts: NDArray
+    stats: RankStepStats
+    timestamp: float
+    def __init__(self, step: _Optional[int] = ..., counts: _Optional[_Union[NDArray, _Mapping]] = ..., stats: _Optional[_Union[RankStepStats, _Mapping]] = ..., timestamp: _Optional[float] = ...) -> None: ...
+
+class RankMessage(_message.Message):
+    __slots__ = ("hello", "step", "plan_report")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PLAN_REPORT_FIELD_NUMBER: _ClassVar[int]
+    hello: RankHello
+    step: RankStep
+    plan_report: PlanReport
+    def __init__(self, hello: _Optional[_Union[RankHello, _Mapping]] = ..., step: _Optional[_Union[RankStep, _Mapping]] = ..., plan_report: _Optional[_Union[PlanReport, _Mapping]] = ...) -> None: ...
+
+class RankControl(_message.Message):
+    __slots__ = ("plan", "ack")
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    plan: PlacementPlan
+    ack: Ack
+    def __init__(self, plan: _Optional[_Union[PlacementPlan, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
