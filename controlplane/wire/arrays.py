@@ -63,17 +63,17 @@ def decode_array(
     dims = tuple(int(d) for d in msg.shape)
     if any(d < 0 for d in dims):
         raise WireError(f"{field}.shape", f"negative dimension in {dims}")
+    items = 1
+    for d in dims:
+        items *= d
+    if items > MAX_ITEMS:
+        raise WireError(f"{field}.shape", f"{items} items exceeds the limit of {MAX_ITEMS}")
     if ndim is not None and len(dims) != ndim:
         raise WireError(f"{field}.shape", f"expected {ndim} dimensions, got {len(dims)}")
     if shape is not None:
         for i, (got, want) in enumerate(zip(dims, shape, strict=False)):
             if want is not None and got != want:
                 raise WireError(f"{field}.shape", f"dimension {i} is {got}, expected {want}")
-    items = 1
-    for d in dims:
-        items *= d
-    if items > MAX_ITEMS:
-        raise WireError(f"{field}.shape", f"{items} items exceeds the limit of {MAX_ITEMS}")
     if len(msg.data) != items * dtype.itemsize:
         raise WireError(
             f"{field}.data",

@@ -1,0 +1,33 @@
+"""FastAPI app factory. Domain errors become status codes here and only here."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.engine import Engine
+
+from controlplane.api.routes import router
+from controlplane.store.queries import NotFound
+
+
+def create_api(engine: Engine, **state) -> FastAPI:
+    """Build the REST app. ``state`` entries (ingest, batcher, bus_name) land on app.state."""
+    app = FastAPI(
+        title="moeplane",
+        version="0.1.0",
+        description="Control plane for Mixture-of-Experts training clusters.",
+    )
+    app.state.engine = engine
+    for k, val in state.items():
+        setattr(app.state, k, val)
+    app.include_router(router)
+
+    @app.exception_handler(NotFound)
+    async def _not_found(_request: Request, exc: NotFound):
+        return JSONResponse(status_code=404, content={"detail": str(exc)})
+
+    @app.exception_handler(ValueError)
+    async def _bad_value(_request: Request, exc: ValueError):
+        return JSONResponse(status_code=422, content={"detail": str(exc)})
+
+    return app

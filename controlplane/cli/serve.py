@@ -1,0 +1,38 @@
+"""``moeplane serve``: the control plane (gRPC ingest, REST, dashboard)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_store_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--database-url", help="SQLAlchemy URL (env MOEPLANE_DATABASE_URL; default sqlite:///moeplane.sqlite)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="run the control plane", description=__doc__)
+    add_store_args(p)
+    p.add_argument("--redis-url", help="Redis URL for the shared bus (env MOEPLANE_REDIS_URL); default: in-process bus")
+    p.add_argument("--grpc-listen", help="agent ingest address (default 127.0.0.1:50051)")
+    p.add_argument("--http-host", help="REST/dashboard host (default 127.0.0.1)")
+    p.add_argument("--http-port", type=int, help="REST/dashboard port (default 8080)")
+    p.add_argument("--sample-interval", type=float, dest="sample_interval_s", help="seconds between device samples told to agents")
+    p.add_argument("--no-dashboard", action="store_false", dest="dashboard", default=None)
+    p.set_defaults(func=main)
+
+
+def settings_from(args):
+    from controlplane.settings import Settings
+
+    given = {
+        k: v
+        for k, v in vars(args).items()
+        if k in Settings.model_fields and v is not None
+    }
+    return Settings(**given)
+
+
+def main(args) -> int:
+    from controlplane.server import run
+
+    return run(settings_from(args))

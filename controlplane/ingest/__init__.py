@@ -1,0 +1,1 @@
+"""Agent ingest: the gRPC ``Ingest.Connect`` stream, validation, and batched durable writes."""

@@ -1,0 +1,78 @@
+"""Group records from every stream into one transaction per batch; resolve futures on commit.
+
+Acknowledgements wait for these futures, so an ack always means "durably committed".
+The database work runs in a worker thread; the event loop never blocks on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+
+from controlplane.store.records import SequencedRecord
+
+log = logging.getLogger(__name__)
+
+
+class Batcher:
+    """Single writer task. ``submit`` returns a future of "was it a duplicate?".
+
+    Args:
+        write: stores a batch in one transaction; returns a duplicate flag per record.
+        max_batch: most records per transaction.
+        on_commit: called (in the loop) with the committed, non-duplicate records.
+    """
+
+    def __init__(
+        self,
+        write: Callable[[Sequence[SequencedRecord]], list[bool]],
+        *,
+        max_batch: int = 512,
+        on_commit: Callable[[list[SequencedRecord]], None] | None = None,
+    ):
+        self._write = write
+        self._max_batch = max_batch
+        self._on_commit = on_commit
+        self._queue: asyncio.Queue[tuple[SequencedRecord, asyncio.Future]] = asyncio.Queue()
+        self._task: asyncio.Task | None = None
+        self.committed = 0
+        self.duplicates = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="store-batcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def submit(self, record: SequencedRecord) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((record, fut))
+        return fut
+
+    async def _run(self) -> None:
+        while True:
+            first = await self._queue.get()
+            batch = [first]
+            while len(batch) < self._max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            records = [r for r, _ in batch]
+            try:
+                dup = await asyncio.to_thread(self._write, records)
+            except Exception as exc:  # noqa: BLE001 - a failed commit fails every future; nothing is acked
+                log.exception("store write failed for a batch of %d records", len(batch))
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            self.committed += sum(not d for d in dup)
+            self.duplicates += sum(dup)
+            for (_, fut), d in zip(batch, dup, strict=True):
+                if not fut.done():
+                    fut.set_result(d)
+            if self._on_commit is not None:
+                self._on_commit([r for r, d in zip(records, dup, strict=True) if not d])

@@ -1,0 +1,227 @@
+"""``Ingest.Connect``: one bidirectional stream per node agent.
+
+Up: hello first, then sequenced messages; each is validated, handed to the batcher, and
+acknowledged after its transaction commits (duplicates are acknowledged too, flagged). A bad
+message gets an Ack with INVALID_ARGUMENT naming the field; the stream goes on. Down: Config
+after hello, Acks, and placement plans published on the bus channel ``plans.<job>``.
+Backpressure: at most ``max_in_flight`` unacknowledged messages per stream; past that the
+stream stops reading, and gRPC flow control slows the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import grpc
+
+from controlplane.ingest import validate as v
+from controlplane.ingest.batcher import Batcher
+from controlplane.store.records import MarkerRecord
+from controlplane.store.writes import StoreWriter
+from controlplane.wire import moeplane_pb2 as pb
+from controlplane.wire import moeplane_pb2_grpc as rpc
+from controlplane.wire.arrays import WireError
+
+log = logging.getLogger(__name__)
+
+OK, INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED, INTERNAL = 0, 3, 5, 7, 13
+
+
+class JobCatalog:
+    """Shapes of known jobs, read through from the store (another replica may have added one)."""
+
+    def __init__(self, load: Callable[[str], v.JobShape | None]):
+        self._load = load
+        self._jobs: dict[str, v.JobShape] = {}
+
+    async def get(self, job_id: str) -> v.JobShape | None:
+        shape = self._jobs.get(job_id)
+        if shape is None or shape.layers is None:
+            shape = await asyncio.to_thread(self._load, job_id)
+            if shape is not None:
+                self._jobs[job_id] = shape
+        return shape
+
+    def forget(self, job_id: str) -> None:
+        self._jobs.pop(job_id, None)
+
+
+class IngestService(rpc.IngestServicer):
+    def __init__(
+        self,
+        writer: StoreWriter,
+        batcher: Batcher,
+        catalog: JobCatalog,
+        bus,
+        *,
+        sample_interval_s: float = 1.0,
+        max_in_flight: int = 1024,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.writer = writer
+        self.batcher = batcher
+        self.catalog = catalog
+        self.bus = bus
+        self.sample_interval_s = sample_interval_s
+        self.max_in_flight = max_in_flight
+        self.clock = clock
+        self.connected: dict[str, int] = {}  # node_id -> open streams
+
+    async def Connect(self, request_iterator, context):  # noqa: N802 - gRPC method name
+        out: asyncio.Queue = asyncio.Queue()
+        stream = _Stream(self, context, out)
+        reader = asyncio.create_task(stream.read(request_iterator))
+        reader.add_done_callback(lambda _t: out.put_nowait(None))
+        try:
+            while True:
+                item = await out.get()
+                if item is None:
+                    break
+                yield item
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                exc = reader.exception()
+                if isinstance(exc, _Abort):
+                    await context.abort(exc.code, exc.details)
+                raise exc
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            await stream.close()
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class _Stream:
+    """State of one agent stream."""
+
+    def __init__(self, svc: IngestService, context, out: asyncio.Queue):
+        self.svc = svc
+        self.context = context
+        self.out = out
+        self.node_id: str | None = None
+        self.job_id: str = ""
+        self.devices: set[str] = set()
+        self.in_flight = asyncio.Semaphore(svc.max_in_flight)
+        self.plan_task: asyncio.Task | None = None
+        self.plan_sub = None
+
+    def ack(self, seq: int, code: int = OK, message: str = "", duplicate: bool = False) -> None:
+        self.out.put_nowait(pb.ControlMessage(ack=pb.Ack(seq=seq, code=code, message=message, duplicate=duplicate)))
+
+    async def read(self, request_iterator) -> None:
+        async for msg in request_iterator:
+            kind = msg.WhichOneof("body")
+            if self.node_id is None and kind != "hello":
+                raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message must be hello")
+            try:
+                if kind == "hello":
+                    await self.on_hello(msg)
+                elif kind is None:
+                    raise WireError("body", "empty message")
+                else:
+                    await self.on_sequenced(kind, msg)
+            except WireError as exc:
+                self.ack(msg.seq, INVALID_ARGUMENT, str(exc))
+
+    async def on_hello(self, msg: pb.AgentMessage) -> None:
+        try:
+            hello = v.hello_record(msg.hello, self.svc.clock())
+        except WireError as exc:
+            if self.node_id is None:
+                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+            raise
+        if self.node_id is not None and hello.node_id != self.node_id:
+            raise WireError("hello.node_id", f"a stream serves one node ({self.node_id!r})")
+        max_seq = await asyncio.to_thread(self.svc.writer.register_hello, hello)
+        if self.node_id is None:
+            self.svc.connected[hello.node_id] = self.svc.connected.get(hello.node_id, 0) + 1
+        self.node_id = hello.node_id
+        self.devices = {d.device_id for d in hello.devices} | self.devices
+        if hello.job_id:
+            self.svc.catalog.forget(hello.job_id)
+        if hello.job_id != self.job_id:
+            self.job_id = hello.job_id
+            await self._follow_plans()
+        self.out.put_nowait(
+            pb.ControlMessage(
+                config=pb.Config(
+                    sample_interval_s=self.svc.sample_interval_s,
+                    job_id=self.job_id,
+                    resume_after_seq=max_seq,
+                )
+            )
+        )
+
+    async def _follow_plans(self) -> None:
+        if self.plan_sub is not None:
+            await self.plan_sub.close()
+            self.plan_sub = None
+        if not self.job_id:
+            return
+        self.plan_sub = await self.svc.bus.subscribe(f"plans.{self.job_id}")
+        sub = self.plan_sub
+
+        async def forward():
+            async for _channel, payload in sub:
+                plan = pb.PlacementPlan.FromString(payload)
+                self.out.put_nowait(pb.ControlMessage(plan=plan))
+
+        self.plan_task = asyncio.create_task(forward())
+
+    async def on_sequenced(self, kind: str, msg: pb.AgentMessage) -> None:
+        seq = msg.seq
+        if seq <= 0:
+            raise WireError("seq", "must be a positive per-node sequence number")
+        if kind == "samples":
+            rec = v.samples_record(msg.samples, node_id=self.node_id, seq=seq, known_devices=self.devices)
+        elif kind == "loads":
+            job = await self.svc.catalog.get(msg.loads.job_id) if msg.loads.job_id else None
+            rec = v.loads_record(msg.loads, node_id=self.node_id, seq=seq, job=job)
+            if job.layers is None:  # the first loads of a job fix its [L, E]
+                await asyncio.to_thread(
+                    self.svc.writer.set_job_shape, rec.job_id, *rec.counts.shape
+                )
+                self.svc.catalog.forget(rec.job_id)
+        elif kind == "step_stats":
+            job = await self.svc.catalog.get(msg.step_stats.job_id) if msg.step_stats.job_id else None
+            rec = v.step_stats_record(msg.step_stats, node_id=self.node_id, seq=seq, job_known=job is not None)
+        elif kind == "plan_report":
+            rec = MarkerRecord(self.node_id, seq)  # lifecycle handled by the controller issue
+        else:  # pragma: no cover - every oneof member is handled above
+            raise WireError("body", f"unexpected {kind}")
+        await self.in_flight.acquire()
+        fut = self.svc.batcher.submit(rec)
+
+        def done(f: asyncio.Future, seq=seq):
+            self.in_flight.release()
+            if f.cancelled():
+                return
+            exc = f.exception()
+            if exc is not None:
+                self.ack(seq, INTERNAL, f"not stored: {type(exc).__name__}")
+            else:
+                self.ack(seq, OK, duplicate=f.result())
+
+        fut.add_done_callback(done)
+
+    async def close(self) -> None:
+        if self.plan_sub is not None:
+            await self.plan_sub.close()
+        if self.plan_task is not None:
+            self.plan_task.cancel()
+        if self.node_id is not None:
+            n = self.svc.connected.get(self.node_id, 1) - 1
+            if n <= 0:
+                self.svc.connected.pop(self.node_id, None)
+            else:
+                self.svc.connected[self.node_id] = n

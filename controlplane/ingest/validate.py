@@ -1,0 +1,162 @@
+"""Protobuf messages → validated store records. Pure: raises WireError naming the bad field.
+
+Checks what a sender can get wrong: dtypes, shapes against the job, byte lengths, negative
+counts, NaN, unknown devices of the node, empty ids. Ingest turns a WireError into an Ack with
+INVALID_ARGUMENT; the stream and the rest of the batch go on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from controlplane.store.records import (
+    DeviceRecord,
+    HelloRecord,
+    JobRecord,
+    LoadsRecord,
+    RankStatsRow,
+    SamplesRecord,
+    StepStatsRecord,
+)
+from controlplane.wire import moeplane_pb2 as pb
+from controlplane.wire.arrays import WireError, decode_array
+
+MAX_ID = 128
+MAX_DEVICES = 4096
+MAX_METRICS = 256
+MAX_DIM = 65536
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What ingest needs to know of a job to check its loads: L layers × E experts."""
+
+    layers: int | None
+    experts: int | None
+
+
+def _check_id(value: str, field: str, *, allow_empty: bool = False) -> str:
+    if not value and not allow_empty:
+        raise WireError(field, "must not be empty")
+    if len(value) > MAX_ID:
+        raise WireError(field, f"longer than {MAX_ID} characters")
+    if any(ord(c) < 32 for c in value):
+        raise WireError(field, "contains control characters")
+    return value
+
+
+def _check_time(ts: float, field: str) -> float:
+    if not math.isfinite(ts) or ts < 0:
+        raise WireError(field, f"must be a finite unix time in seconds, got {ts}")
+    return float(ts)
+
+
+def hello_record(msg: pb.Hello, ts: float) -> HelloRecord:
+    node_id = _check_id(msg.node_id, "hello.node_id")
+    if len(msg.devices) > MAX_DEVICES:
+        raise WireError("hello.devices", f"more than {MAX_DEVICES} devices")
+    devices = []
+    seen = set()
+    for i, d in enumerate(msg.devices):
+        did = _check_id(d.device_id, f"hello.devices[{i}].device_id")
+        if did in seen:
+            raise WireError(f"hello.devices[{i}].device_id", f"duplicate {did!r}")
+        seen.add(did)
+        if d.memory_total_bytes < 0:
+            raise WireError(f"hello.devices[{i}].memory_total_bytes", "must not be negative")
+        devices.append(
+            DeviceRecord(did, d.index, d.kind or "unknown", d.model, d.memory_total_bytes, d.rank)
+        )
+    job_id = _check_id(msg.job_id, "hello.job_id", allow_empty=True)
+    job = None
+    if msg.HasField("job") and msg.job.job_id:
+        j = msg.job
+        if j.job_id != job_id:
+            raise WireError("hello.job.job_id", f"{j.job_id!r} differs from hello.job_id {job_id!r}")
+        for name in ("layers", "experts", "top_k", "world_size", "slots_per_rank", "ranks_per_node"):
+            v = getattr(j, name)
+            if v < 0 or v > MAX_DIM:
+                raise WireError(f"hello.job.{name}", f"must be in 0..{MAX_DIM}, got {v}")
+        job = JobRecord(
+            job_id, j.layers or None, j.experts or None, j.top_k or None, j.world_size or None,
+            j.slots_per_rank or None, j.ranks_per_node or None,
+        )
+    if any(r < 0 for r in msg.ranks):
+        raise WireError("hello.ranks", "ranks must not be negative")
+    return HelloRecord(
+        node_id=node_id,
+        hostname=msg.hostname[:255],
+        agent_version=msg.agent_version[:64],
+        job_id=job_id,
+        ranks=tuple(msg.ranks),
+        devices=tuple(devices),
+        job=job,
+        ts=ts,
+    )
+
+
+def samples_record(msg: pb.DeviceSamples, *, node_id: str, seq: int, known_devices: set[str]) -> SamplesRecord:
+    ts = _check_time(msg.timestamp, "samples.timestamp")
+    d, m = len(msg.device_ids), len(msg.metrics)
+    if d == 0:
+        raise WireError("samples.device_ids", "must not be empty")
+    if m == 0 or m > MAX_METRICS:
+        raise WireError("samples.metrics", f"must hold 1..{MAX_METRICS} names, got {m}")
+    for i, did in enumerate(msg.device_ids):
+        if did not in known_devices:
+            raise WireError(f"samples.device_ids[{i}]", f"{did!r} is not a device of node {node_id!r} (declare it in hello)")
+    if len(set(msg.metrics)) != m:
+        raise WireError("samples.metrics", "names must be unique")
+    for i, name in enumerate(msg.metrics):
+        _check_id(name, f"samples.metrics[{i}]")
+    values = decode_array(msg.values, "samples.values", ndim=2, shape=(d, m), kinds="f", finite=False)
+    if np.isinf(values).any():
+        raise WireError("samples.values", "contains infinity (use NaN for 'not measured')")
+    return SamplesRecord(node_id, seq, ts, tuple(msg.device_ids), tuple(msg.metrics), values.astype(np.float64))
+
+
+def loads_record(msg: pb.ExpertLoads, *, node_id: str, seq: int, job: JobShape | None) -> LoadsRecord:
+    job_id = _check_id(msg.job_id, "loads.job_id")
+    if job is None:
+        raise WireError("loads.job_id", f"unknown job {job_id!r}")
+    if msg.step < 0:
+        raise WireError("loads.step", f"must not be negative, got {msg.step}")
+    ts = _check_time(msg.timestamp, "loads.timestamp")
+    counts = decode_array(
+        msg.counts, "loads.counts", ndim=2, shape=(job.layers, job.experts), kinds="i", nonnegative=True
+    )
+    if counts.shape[0] == 0 or counts.shape[1] == 0:
+        raise WireError("loads.counts.shape", f"must be non-empty [L, E], got {counts.shape}")
+    if any(r < 0 for r in msg.ranks) or any(r < 0 for r in msg.missing_ranks):
+        raise WireError("loads.ranks", "ranks must not be negative")
+    return LoadsRecord(
+        node_id, seq, job_id, int(msg.step), ts, tuple(msg.ranks), tuple(msg.missing_ranks),
+        counts.astype(np.int64),
+    )
+
+
+def step_stats_record(msg: pb.StepStats, *, node_id: str, seq: int, job_known: bool) -> StepStatsRecord:
+    job_id = _check_id(msg.job_id, "step_stats.job_id")
+    if not job_known:
+        raise WireError("step_stats.job_id", f"unknown job {job_id!r}")
+    if msg.step < 0:
+        raise WireError("step_stats.step", f"must not be negative, got {msg.step}")
+    ts = _check_time(msg.timestamp, "step_stats.timestamp")
+    rows = []
+    seen = set()
+    for i, r in enumerate(msg.ranks):
+        f = f"step_stats.ranks[{i}]"
+        if r.rank < 0 or r.rank in seen:
+            raise WireError(f"{f}.rank", f"negative or repeated rank {r.rank}")
+        seen.add(r.rank)
+        if not (math.isfinite(r.step_time_s) and r.step_time_s >= 0):
+            raise WireError(f"{f}.step_time_s", f"must be finite and >= 0, got {r.step_time_s}")
+        if not (math.isfinite(r.host_bound_ratio) and 0 <= r.host_bound_ratio <= 1):
+            raise WireError(f"{f}.host_bound_ratio", f"must be in [0, 1], got {r.host_bound_ratio}")
+        if r.tokens < 0:
+            raise WireError(f"{f}.tokens", f"must not be negative, got {r.tokens}")
+        rows.append(RankStatsRow(r.rank, r.step_time_s, r.host_bound_ratio, r.tokens))
+    return StepStatsRecord(node_id, seq, job_id, int(msg.step), ts, tuple(rows))

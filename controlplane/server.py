@@ -1,0 +1,127 @@
+"""``moeplane serve``: one asyncio process with gRPC ingest, REST and the dashboard.
+
+Everything with side effects is built here, at start, from Settings — nothing at import time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+import grpc
+import uvicorn
+
+from controlplane.api.app import create_api
+from controlplane.bus import make_bus
+from controlplane.ingest.batcher import Batcher
+from controlplane.ingest.service import IngestService, JobCatalog
+from controlplane.ingest.validate import JobShape
+from controlplane.settings import Settings
+from controlplane.store.engine import make_engine
+from controlplane.store.migrate import upgrade
+from controlplane.store.writes import StoreWriter
+from controlplane.wire import moeplane_pb2_grpc as rpc
+
+log = logging.getLogger("moeplane.serve")
+
+
+def _mount_dashboard(api, engine) -> bool:
+    try:
+        from a2wsgi import WSGIMiddleware
+
+        from dashboard.app import create_dash
+    except ImportError as exc:  # the dashboard package is optional at this layer
+        log.warning("dashboard not mounted: %s", exc)
+        return False
+    dash_app = create_dash(engine, requests_pathname_prefix="/dashboard/")
+    api.mount("/dashboard", WSGIMiddleware(dash_app.server))
+    return True
+
+
+async def serve(
+    settings: Settings,
+    stop: asyncio.Event | None = None,
+    *,
+    signals: bool = True,
+    on_ready=None,
+) -> int:
+    """Run until ``stop`` is set or (with ``signals``) SIGINT/SIGTERM arrives.
+
+    ``on_ready(info)`` is called once serving, with the bound ``grpc_port`` and ``http_port``.
+    Returns an exit status.
+    """
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+    await asyncio.to_thread(upgrade, settings.database_url)
+    engine = make_engine(settings.database_url)
+    bus = make_bus(settings.redis_url)
+    await bus.start()
+    writer = StoreWriter(engine)
+    batcher = Batcher(writer.write)
+    batcher.start()
+
+    def load_shape(job_id: str) -> JobShape | None:
+        shape = writer.job_shape(job_id)
+        return None if shape is None else JobShape(*shape)
+
+    ingest = IngestService(
+        writer, batcher, JobCatalog(load_shape), bus, sample_interval_s=settings.sample_interval_s
+    )
+    grpc_server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", settings.max_message_bytes),
+            ("grpc.max_send_message_length", settings.max_message_bytes),
+        ]
+    )
+    rpc.add_IngestServicer_to_server(ingest, grpc_server)
+    grpc_port = grpc_server.add_insecure_port(settings.grpc_listen)
+    await grpc_server.start()
+
+    api = create_api(engine, ingest=ingest, batcher=batcher, bus_name=bus.name)
+    dashboard = settings.dashboard and _mount_dashboard(api, engine)
+    http = uvicorn.Server(
+        uvicorn.Config(
+            api, host=settings.http_host, port=settings.http_port, log_level="warning", lifespan="off"
+        )
+    )
+    http_task = asyncio.create_task(http.serve())
+    while not http.started and not http_task.done():
+        await asyncio.sleep(0.02)
+    if http_task.done():
+        await grpc_server.stop(0)
+        return 1
+    grpc_host = settings.grpc_listen.rsplit(":", 1)[0]
+    http_port = http.servers[0].sockets[0].getsockname()[1]
+    base = f"http://{settings.http_host}:{http_port}"
+    print(
+        f"moeplane serving: grpc={grpc_host}:{grpc_port} api={base}/api/v1 docs={base}/docs"
+        + (f" dashboard={base}/dashboard/" if dashboard else "")
+        + f" database={engine.dialect.name} bus={bus.name}",
+        flush=True,
+    )
+    if on_ready is not None:
+        on_ready(
+            {"grpc_port": grpc_port, "http_port": http_port, "ingest": ingest, "engine": engine,
+             "bus": bus, "loop": loop}
+        )
+    stop_task = asyncio.create_task(stop.wait())
+    await asyncio.wait([http_task, stop_task], return_when=asyncio.FIRST_COMPLETED)
+    http.should_exit = True
+    await grpc_server.stop(grace=2)
+    await http_task
+    stop_task.cancel()
+    await batcher.stop()
+    await bus.close()
+    engine.dispose()
+    return 0
+
+
+def run(settings: Settings) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return asyncio.run(serve(settings))

@@ -1,0 +1,125 @@
+"""Table definitions (SQLAlchemy Core), mirroring the newest Alembic migration.
+
+Units: timestamps are unix seconds (float64); bytes are bytes; ratios are in [0, 1].
+Arrays are stored as little-endian C-order bytes with their shape in sibling columns.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("layers", sa.Integer, nullable=True),  # L, known once declared or first loads
+    sa.Column("experts", sa.Integer, nullable=True),  # E
+    sa.Column("top_k", sa.Integer, nullable=True),
+    sa.Column("world_size", sa.Integer, nullable=True),  # EP ranks G
+    sa.Column("slots_per_rank", sa.Integer, nullable=True),  # S
+    sa.Column("ranks_per_node", sa.Integer, nullable=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+)
+
+nodes = sa.Table(
+    "nodes",
+    metadata,
+    sa.Column("node_id", sa.String(128), primary_key=True),
+    sa.Column("hostname", sa.String(255), nullable=False, server_default=""),
+    sa.Column("agent_version", sa.String(64), nullable=False, server_default=""),
+    sa.Column("job_id", sa.String(128), nullable=True),
+    sa.Column("ranks", sa.Text, nullable=False, server_default=""),  # comma-separated ranks
+    sa.Column("first_seen", sa.Float, nullable=False),
+    sa.Column("last_seen", sa.Float, nullable=False),
+)
+
+devices = sa.Table(
+    "devices",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("device_id", sa.String(160), nullable=False, unique=True),
+    sa.Column("node_id", sa.String(128), sa.ForeignKey("nodes.node_id"), nullable=False),
+    sa.Column("idx", sa.Integer, nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("model", sa.String(128), nullable=False, server_default=""),
+    sa.Column("memory_total_bytes", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("rank", sa.Integer, nullable=False, server_default="-1"),
+)
+sa.Index("ix_devices_node", devices.c.node_id)
+
+metrics = sa.Table(
+    "metrics",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(96), nullable=False, unique=True),
+)
+
+# One row per agent message stored, for deduplication of resends by (node, seq).
+received = sa.Table(
+    "received",
+    metadata,
+    sa.Column("node_id", sa.String(128), primary_key=True),
+    sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("received_at", sa.Float, nullable=False),
+)
+
+# Narrow raw time series: one row per (device, metric, timestamp).
+device_samples = sa.Table(
+    "device_samples",
+    metadata,
+    sa.Column("device", sa.Integer, nullable=False),  # devices.id
+    sa.Column("metric", sa.Integer, nullable=False),  # metrics.id
+    sa.Column("ts", sa.Float, nullable=False),
+    sa.Column("value", sa.Float, nullable=False),
+)
+sa.Index("ix_device_samples_dmt", device_samples.c.device, device_samples.c.metric, device_samples.c.ts)
+
+# Latest value of each (device, metric): what live views read.
+device_latest = sa.Table(
+    "device_latest",
+    metadata,
+    sa.Column("device", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("metric", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("ts", sa.Float, nullable=False),
+    sa.Column("value", sa.Float, nullable=False),
+)
+
+# Which node contributed to which step: deduplicates loads by (job, node, step).
+load_parts = sa.Table(
+    "load_parts",
+    metadata,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("step", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("node_id", sa.String(128), primary_key=True),
+    sa.Column("ranks", sa.Text, nullable=False, server_default=""),
+    sa.Column("missing_ranks", sa.Text, nullable=False, server_default=""),
+)
+
+# The job's global load matrix per step: counts int64 [L, E] little-endian, summed over nodes.
+expert_loads = sa.Table(
+    "expert_loads",
+    metadata,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("step", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("ts", sa.Float, nullable=False),
+    sa.Column("layers", sa.Integer, nullable=False),
+    sa.Column("experts", sa.Integer, nullable=False),
+    sa.Column("nodes_reported", sa.Integer, nullable=False),
+    sa.Column("counts", sa.LargeBinary, nullable=False),
+)
+sa.Index("ix_expert_loads_job_ts", expert_loads.c.job_id, expert_loads.c.ts)
+
+step_stats = sa.Table(
+    "step_stats",
+    metadata,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("step", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("rank", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("node_id", sa.String(128), nullable=False),
+    sa.Column("ts", sa.Float, nullable=False),
+    sa.Column("step_time_s", sa.Float, nullable=False),
+    sa.Column("host_bound_ratio", sa.Float, nullable=False),
+    sa.Column("tokens", sa.BigInteger, nullable=False),
+)

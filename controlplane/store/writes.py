@@ -1,0 +1,304 @@
+"""Idempotent writes. At-least-once on the wire becomes exactly-once here.
+
+Every sequenced record first claims its (node, seq) row in ``received`` with
+INSERT ... ON CONFLICT DO NOTHING RETURNING: a record whose claim returns nothing was stored
+before and is a duplicate. Loads are additionally deduplicated by (job, node, step), so a node
+that re-numbers after losing its spool still cannot count a step twice. Everything in one call
+commits in one transaction: the caller acknowledges only after it returns.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from controlplane.store import tables as t
+from controlplane.store.records import (
+    HelloRecord,
+    LoadsRecord,
+    MarkerRecord,
+    SamplesRecord,
+    SequencedRecord,
+    StepStatsRecord,
+)
+
+
+def dialect_insert(conn: Connection, table: sa.Table):
+    """INSERT with ON CONFLICT support for the connection's dialect."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert(table)
+
+
+def _ranks_text(ranks: Iterable[int]) -> str:
+    return ",".join(str(r) for r in ranks)
+
+
+class StoreWriter:
+    """Writes records; caches device and metric ids (both only ever grow)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._device_ids: dict[str, int] = {}
+        self._metric_ids: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ registration
+    def register_hello(self, hello: HelloRecord) -> int:
+        """Upsert the node, its devices and its job. Returns the highest seq stored for the node."""
+        with self.engine.begin() as conn:
+            if hello.job_id:
+                self._upsert_job(conn, hello.job_id, hello.job, hello.ts)
+            ins = dialect_insert(conn, t.nodes)
+            conn.execute(
+                ins.values(
+                    node_id=hello.node_id,
+                    hostname=hello.hostname,
+                    agent_version=hello.agent_version,
+                    job_id=hello.job_id or None,
+                    ranks=_ranks_text(hello.ranks),
+                    first_seen=hello.ts,
+                    last_seen=hello.ts,
+                ).on_conflict_do_update(
+                    index_elements=[t.nodes.c.node_id],
+                    set_={
+                        "hostname": hello.hostname,
+                        "agent_version": hello.agent_version,
+                        "job_id": hello.job_id or None,
+                        "ranks": _ranks_text(hello.ranks),
+                        "last_seen": hello.ts,
+                    },
+                )
+            )
+            for dev in hello.devices:
+                ins = dialect_insert(conn, t.devices)
+                conn.execute(
+                    ins.values(
+                        device_id=dev.device_id,
+                        node_id=hello.node_id,
+                        idx=dev.index,
+                        kind=dev.kind,
+                        model=dev.model,
+                        memory_total_bytes=dev.memory_total_bytes,
+                        rank=dev.rank,
+                    ).on_conflict_do_update(
+                        index_elements=[t.devices.c.device_id],
+                        set_={
+                            "node_id": hello.node_id,
+                            "idx": dev.index,
+                            "kind": dev.kind,
+                            "model": dev.model,
+                            "memory_total_bytes": dev.memory_total_bytes,
+                            "rank": dev.rank,
+                        },
+                    )
+                )
+            ids = conn.execute(
+                sa.select(t.devices.c.device_id, t.devices.c.id).where(
+                    t.devices.c.node_id == hello.node_id
+                )
+            ).all()
+            max_seq = conn.execute(
+                sa.select(sa.func.max(t.received.c.seq)).where(t.received.c.node_id == hello.node_id)
+            ).scalar()
+        self._device_ids.update({d: i for d, i in ids})
+        return int(max_seq or 0)
+
+    def _upsert_job(self, conn: Connection, job_id: str, job, ts: float) -> None:
+        spec = {}
+        if job is not None:
+            spec = {
+                k: getattr(job, k)
+                for k in ("layers", "experts", "top_k", "world_size", "slots_per_rank", "ranks_per_node")
+                if getattr(job, k)
+            }
+        ins = dialect_insert(conn, t.jobs).values(job_id=job_id, created_at=ts, **spec)
+        if spec:
+            conn.execute(ins.on_conflict_do_update(index_elements=[t.jobs.c.job_id], set_=spec))
+        else:
+            conn.execute(ins.on_conflict_do_nothing(index_elements=[t.jobs.c.job_id]))
+
+    def set_job_shape(self, job_id: str, layers: int, experts: int) -> None:
+        """Fix a job's [L, E] from its first loads when no hello declared it."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.update(t.jobs)
+                .where(t.jobs.c.job_id == job_id, t.jobs.c.layers.is_(None))
+                .values(layers=layers, experts=experts)
+            )
+
+    def job_shape(self, job_id: str) -> tuple[int | None, int | None] | None:
+        """(layers, experts) of a known job, None entries while unknown; None for no such job."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(t.jobs.c.layers, t.jobs.c.experts).where(t.jobs.c.job_id == job_id)
+            ).first()
+        return None if row is None else (row.layers, row.experts)
+
+    def ensure_metrics(self, names: Sequence[str]) -> list[int]:
+        """Ids of metric names, creating the missing ones (own transaction)."""
+        missing = [n for n in names if n not in self._metric_ids]
+        if missing:
+            with self.engine.begin() as conn:
+                ins = dialect_insert(conn, t.metrics)
+                for name in missing:
+                    conn.execute(ins.values(name=name).on_conflict_do_nothing(index_elements=[t.metrics.c.name]))
+                rows = conn.execute(
+                    sa.select(t.metrics.c.name, t.metrics.c.id).where(t.metrics.c.name.in_(missing))
+                ).all()
+            self._metric_ids.update({n: i for n, i in rows})
+        return [self._metric_ids[n] for n in names]
+
+    def device_pk(self, device_id: str) -> int | None:
+        return self._device_ids.get(device_id)
+
+    # ------------------------------------------------------------------ batched writes
+    def write(self, records: Sequence[SequencedRecord]) -> list[bool]:
+        """Store a batch in one transaction. Returns, per record, whether it was a duplicate."""
+        for rec in records:
+            if isinstance(rec, SamplesRecord):
+                self.ensure_metrics(rec.metrics)
+        duplicate = [False] * len(records)
+        with self.engine.begin() as conn:
+            fresh_loads: list[LoadsRecord] = []
+            for i, rec in enumerate(records):
+                if not self._claim(conn, rec.node_id, rec.seq, rec_ts(rec)):
+                    duplicate[i] = True
+                    continue
+                if isinstance(rec, SamplesRecord):
+                    self._write_samples(conn, rec)
+                elif isinstance(rec, LoadsRecord):
+                    if self._claim_load_part(conn, rec):
+                        fresh_loads.append(rec)
+                    else:
+                        duplicate[i] = True
+                elif isinstance(rec, StepStatsRecord):
+                    self._write_step_stats(conn, rec)
+            self._add_global_loads(conn, fresh_loads)
+        return duplicate
+
+    def _claim(self, conn: Connection, node_id: str, seq: int, ts: float) -> bool:
+        ins = dialect_insert(conn, t.received)
+        row = conn.execute(
+            ins.values(node_id=node_id, seq=seq, received_at=ts)
+            .on_conflict_do_nothing(index_elements=[t.received.c.node_id, t.received.c.seq])
+            .returning(t.received.c.seq)
+        ).first()
+        return row is not None
+
+    def _write_samples(self, conn: Connection, rec: SamplesRecord) -> None:
+        metric_ids = [self._metric_ids[m] for m in rec.metrics]
+        device_pks = [self._device_ids[d] for d in rec.device_ids]
+        rows = []
+        values = rec.values
+        finite = np.isfinite(values)
+        for di, dpk in enumerate(device_pks):
+            for mi, mid in enumerate(metric_ids):
+                if finite[di, mi]:
+                    rows.append({"device": dpk, "metric": mid, "ts": rec.ts, "value": float(values[di, mi])})
+        if not rows:
+            return
+        conn.execute(sa.insert(t.device_samples), rows)
+        ins = dialect_insert(conn, t.device_latest)
+        conn.execute(
+            ins.on_conflict_do_update(
+                index_elements=[t.device_latest.c.device, t.device_latest.c.metric],
+                set_={"ts": ins.excluded.ts, "value": ins.excluded.value},
+                where=t.device_latest.c.ts <= ins.excluded.ts,
+            ),
+            rows,
+        )
+
+    def _claim_load_part(self, conn: Connection, rec: LoadsRecord) -> bool:
+        ins = dialect_insert(conn, t.load_parts)
+        row = conn.execute(
+            ins.values(
+                job_id=rec.job_id,
+                step=rec.step,
+                node_id=rec.node_id,
+                ranks=_ranks_text(rec.ranks),
+                missing_ranks=_ranks_text(rec.missing_ranks),
+            )
+            .on_conflict_do_nothing(
+                index_elements=[t.load_parts.c.job_id, t.load_parts.c.step, t.load_parts.c.node_id]
+            )
+            .returning(t.load_parts.c.step)
+        ).first()
+        return row is not None
+
+    def _add_global_loads(self, conn: Connection, loads: Sequence[LoadsRecord]) -> None:
+        """Sum fresh node parts into the per-(job, step) global matrix, one row update per step."""
+        by_step: dict[tuple[str, int], list[LoadsRecord]] = defaultdict(list)
+        for rec in loads:
+            by_step[(rec.job_id, rec.step)].append(rec)
+        for (job_id, step), parts in by_step.items():
+            total = np.sum([p.counts for p in parts], axis=0, dtype=np.int64)
+            ts = max(p.ts for p in parts)
+            for _attempt in range(3):
+                row = conn.execute(
+                    sa.select(t.expert_loads.c.counts, t.expert_loads.c.nodes_reported, t.expert_loads.c.ts)
+                    .where(t.expert_loads.c.job_id == job_id, t.expert_loads.c.step == step)
+                    .with_for_update()
+                ).first()
+                if row is not None:
+                    prev = np.frombuffer(row.counts, dtype="<i8").reshape(total.shape)
+                    conn.execute(
+                        sa.update(t.expert_loads)
+                        .where(t.expert_loads.c.job_id == job_id, t.expert_loads.c.step == step)
+                        .values(
+                            counts=(prev + total).astype("<i8").tobytes(),
+                            nodes_reported=row.nodes_reported + len(parts),
+                            ts=max(ts, row.ts),
+                        )
+                    )
+                    break
+                ins = dialect_insert(conn, t.expert_loads)
+                done = conn.execute(
+                    ins.values(
+                        job_id=job_id,
+                        step=step,
+                        ts=ts,
+                        layers=total.shape[0],
+                        experts=total.shape[1],
+                        nodes_reported=len(parts),
+                        counts=total.astype("<i8").tobytes(),
+                    )
+                    .on_conflict_do_nothing(index_elements=[t.expert_loads.c.job_id, t.expert_loads.c.step])
+                    .returning(t.expert_loads.c.step)
+                ).first()
+                if done is not None:
+                    break
+            else:  # pragma: no cover - needs three lost races in a row
+                raise RuntimeError(f"could not add loads of job {job_id} step {step}")
+
+    def _write_step_stats(self, conn: Connection, rec: StepStatsRecord) -> None:
+        if not rec.ranks:
+            return
+        ins = dialect_insert(conn, t.step_stats)
+        conn.execute(
+            ins.on_conflict_do_nothing(
+                index_elements=[t.step_stats.c.job_id, t.step_stats.c.step, t.step_stats.c.rank]
+            ),
+            [
+                {
+                    "job_id": rec.job_id,
+                    "step": rec.step,
+                    "rank": r.rank,
+                    "node_id": rec.node_id,
+                    "ts": rec.ts,
+                    "step_time_s": r.step_time_s,
+                    "host_bound_ratio": r.host_bound_ratio,
+                    "tokens": r.tokens,
+                }
+                for r in rec.ranks
+            ],
+        )
+
+
+def rec_ts(rec: SequencedRecord) -> float:
+    return 0.0 if isinstance(rec, MarkerRecord) else rec.ts
