@@ -1,0 +1,196 @@
+"""What the agent knows about its node: attached ranks, the job, step aggregation and plans.
+
+Driven by the local endpoint (ranks) and the uplink (plans, config); everything it wants to
+send upward goes through ``emit`` (the spool). Time comes in through ``monotonic``/``clock``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agents import messages
+from agents.aggregation import NodeStep, RankReport, StepAggregator
+from controlplane.wire import moeplane_pb2 as pb
+from controlplane.wire.arrays import WireError, decode_array
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RankLink:
+    """One attached training rank. ``outbox`` feeds its NodeLocal stream."""
+
+    rank: int
+    job: pb.JobSpec
+    device_id: str
+    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+@dataclass
+class _PlanProgress:
+    applied: dict[int, int] = field(default_factory=dict)  # rank -> step
+    done: bool = False
+
+
+class NodeState:
+    """The node's ranks and job. ``emit(msg)`` numbers and spools an AgentMessage."""
+
+    def __init__(self, node_id: str, emit: Callable[[pb.AgentMessage], int], *,
+                 devices: list[pb.DeviceInfo], hostname: str, version: str, job_id: str = "", ranks: list[int] | None = None, step_deadline_s: float = 10.0,
+                 monotonic: Callable[[], float]):
+        self.node_id = node_id
+        self.emit = emit
+        self.devices = devices
+        self.hostname = hostname
+        self.version = version
+        self.job_id = job_id
+        self.configured_ranks = set(ranks or ())
+        self.step_deadline_s = step_deadline_s
+        self.monotonic = monotonic
+        self.job: pb.JobSpec | None = None
+        self.links: dict[int, RankLink] = {}
+        self.device_ranks: dict[str, int] = {}
+        self.host_bound: dict[str, float] = {}
+        self.aggregator: StepAggregator | None = None
+        self.plans: dict[int, _PlanProgress] = {}
+        self.latest_plan: pb.PlacementPlan | None = None
+        self.announced: tuple[str, bytes] | None = None
+        self.step_opened = asyncio.Event()
+
+    # ------------------------------------------------------------------ hello
+
+    def hello(self) -> pb.Hello:
+        """The Hello describing this node now; remembers what it announced."""
+        for d in self.devices:
+            d.rank = self.device_ranks.get(d.device_id, -1)
+        job = self.job or pb.JobSpec()
+        self.announced = (self.job_id, job.SerializeToString(deterministic=True))
+        return pb.Hello(
+            node_id=self.node_id, hostname=self.hostname, agent_version=self.version,
+            devices=self.devices,
+            job_id=self.job_id, ranks=sorted(self.ranks()), job=job,
+        )
+
+    def ranks(self) -> set[int]:
+        return self.configured_ranks | set(self.links)
+
+    # ------------------------------------------------------------------ ranks
+
+    def attach(self, hello: pb.RankHello) -> RankLink:
+        """Register a rank. Raises ValueError naming the field when it does not fit."""
+        job = hello.job
+        if not job.job_id:
+            raise ValueError("hello.job.job_id: empty")
+        if self.job_id and job.job_id != self.job_id:
+            raise ValueError(f"hello.job.job_id: {job.job_id!r} but this agent serves "
+                             f"{self.job_id!r}")
+        if job.layers < 1 or job.experts < 1:
+            raise ValueError("hello.job: layers and experts must be >= 1")
+        if self.job is not None and (job.layers, job.experts) != (self.job.layers,
+                                                                 self.job.experts):
+            raise ValueError(f"hello.job: shape {job.layers}x{job.experts} differs from "
+                             f"{self.job.layers}x{self.job.experts} of attached ranks")
+        if hello.rank < 0:
+            raise ValueError(f"hello.rank: {hello.rank} < 0")
+        if hello.rank in self.links:
+            raise ValueError(f"hello.rank: rank {hello.rank} is already attached")
+        self.job_id = job.job_id
+        if self.job is None:
+            self.job = pb.JobSpec()
+            self.job.CopyFrom(job)
+            self.aggregator = StepAggregator(job.job_id, self.configured_ranks,
+                                             self.step_deadline_s)
+        link = RankLink(hello.rank, job, hello.device_id)
+        self.links[hello.rank] = link
+        self.aggregator.expect(hello.rank)
+        if hello.device_id:
+            self.device_ranks[hello.device_id] = hello.rank
+        self._announce_if_changed()
+        if self.latest_plan is not None and self.latest_plan.job_id == self.job_id:
+            link.outbox.put_nowait(pb.RankControl(plan=self.latest_plan))
+        log.info("rank %d of job %s attached (device %s)", hello.rank, job.job_id,
+                 hello.device_id or "-")
+        return link
+
+    def detach(self, link: RankLink) -> None:
+        if self.links.get(link.rank) is link:
+            del self.links[link.rank]
+            log.info("rank %d detached", link.rank)
+
+    def _announce_if_changed(self) -> None:
+        """Send a fresh Hello mid-stream when the job became known after the last one."""
+        job = self.job.SerializeToString(deterministic=True) if self.job else b""
+        if self.announced is not None and self.announced != (self.job_id, job):
+            self.emit(pb.AgentMessage(hello=self.hello()))
+
+    def rank_step(self, link: RankLink, step: pb.RankStep) -> None:
+        """Validate and aggregate one rank's step. Raises ValueError naming the field."""
+        if step.step < 0:
+            raise ValueError(f"step.step: {step.step} < 0")
+        counts = decode_array(step.counts, "step.counts", shape=(link.job.layers,
+                              link.job.experts), ndim=2, kinds="i", nonnegative=True)
+        s = step.stats
+        if not 0.0 <= s.host_bound_ratio <= 1.0:
+            raise WireError("step.stats.host_bound_ratio", f"{s.host_bound_ratio} not in [0, 1]")
+        if not np.isfinite(s.step_time_s) or s.step_time_s < 0:
+            raise WireError("step.stats.step_time_s", f"{s.step_time_s} is not >= 0")
+        if link.device_id:
+            self.host_bound[link.device_id] = s.host_bound_ratio
+        report = RankReport(link.rank, counts.astype(np.int64), s.step_time_s,
+                            s.host_bound_ratio, s.tokens, step.timestamp)
+        opened = step.step not in self.aggregator.open
+        for done in self.aggregator.add(step.step, report, self.monotonic()):
+            self._emit_step(done)
+        if opened:
+            self.step_opened.set()
+
+    def flush_due(self, now: float | None = None) -> None:
+        """Emit steps whose deadline passed (all open steps with ``now=inf``)."""
+        if self.aggregator is None:
+            return
+        for done in self.aggregator.due(self.monotonic() if now is None else now):
+            self._emit_step(done)
+
+    def _emit_step(self, done: NodeStep) -> None:
+        if done.missing_ranks:
+            log.warning("step %d of job %s: ranks %s missed the deadline", done.step,
+                        done.job_id, list(done.missing_ranks))
+        self.emit(messages.loads(done))
+        self.emit(messages.step_stats(done))
+
+    # ------------------------------------------------------------------ plans
+
+    def on_plan(self, plan: pb.PlacementPlan) -> None:
+        """Fan a plan from the control plane out to the job's attached ranks."""
+        if self.latest_plan is not None and plan.job_id == self.latest_plan.job_id \
+                and plan.epoch <= self.latest_plan.epoch:
+            log.info("plan epoch %d of job %s already received", plan.epoch, plan.job_id)
+            return
+        self.latest_plan = plan
+        self.plans.setdefault(plan.epoch, _PlanProgress())
+        for link in self.links.values():
+            if link.job.job_id == plan.job_id:
+                link.outbox.put_nowait(pb.RankControl(plan=plan))
+        self.emit(messages.plan_report(plan.job_id, plan.epoch, pb.PLAN_STATE_RECEIVED))
+
+    def rank_plan_report(self, link: RankLink, report: pb.PlanReport) -> None:
+        """Forward APPLIED once every rank of the node applied; FAILED at the first failure."""
+        progress = self.plans.setdefault(report.epoch, _PlanProgress())
+        if progress.done:
+            return
+        if report.state == pb.PLAN_STATE_FAILED:
+            progress.done = True
+            self.emit(messages.plan_report(report.job_id, report.epoch, pb.PLAN_STATE_FAILED,
+                                           report.step, f"rank {link.rank}: {report.error}"))
+        elif report.state == pb.PLAN_STATE_APPLIED:
+            progress.applied[link.rank] = report.step
+            if self.ranks() <= progress.applied.keys():
+                progress.done = True
+                self.emit(messages.plan_report(report.job_id, report.epoch,
+                                               pb.PLAN_STATE_APPLIED,
+                                               max(progress.applied.values())))

@@ -1,0 +1,171 @@
+"""The agent's stream to the control plane (``Ingest.Connect``), reconnecting forever.
+
+Per connection: a fresh Hello (its own seq), wait for Config, then send every spooled message
+in seq order (a window of at most ``window`` unacknowledged) while reading acks, plans and
+config. An ack (any code) removes the message from the spool; a non-zero code is logged and the
+message is never resent. After a lost connection, every unacknowledged message is resent: the
+control plane deduplicates. Reconnects wait a jittered exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from agents.backoff import Backoff
+from agents.spool import Spool
+from controlplane.wire import moeplane_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+METHOD = "/moeplane.v1.Ingest/Connect"
+CODE_NAMES = {0: "OK", 3: "INVALID_ARGUMENT", 5: "NOT_FOUND", 7: "PERMISSION_DENIED"}
+
+
+class SessionLost(Exception):
+    """The control plane closed the stream or broke the protocol."""
+
+
+@dataclass
+class UplinkOptions:
+    server: str = "127.0.0.1:50051"
+    token: str = ""
+    tls: bool = False
+    tls_ca_file: str = ""
+    window: int = 512
+    config_timeout_s: float = 10.0
+    max_message_bytes: int = 32 << 20
+    backoff_base_s: float = 0.2
+    backoff_cap_s: float = 10.0
+    seed: int | None = None
+
+
+class Uplink:
+    """Owns the connection. ``hello()`` builds the opening Hello; ``on_control`` takes config
+    and plans; ``wakeup`` is set whenever the spool gained a message."""
+
+    def __init__(self, spool: Spool, options: UplinkOptions, hello: Callable[[], pb.Hello],
+                 on_control: Callable[[pb.ControlMessage], None]):
+        self.spool = spool
+        self.options = options
+        self.hello = hello
+        self.on_control = on_control
+        self.wakeup = asyncio.Event()
+        self.connected = asyncio.Event()
+        self.sessions = 0
+        self.rejected = 0
+        self._inflight: set[int] = set()
+
+    def _channel(self) -> grpc.aio.Channel:
+        o = self.options
+        opts = [("grpc.max_send_message_length", o.max_message_bytes),
+                ("grpc.max_receive_message_length", o.max_message_bytes)]
+        if o.tls:
+            ca = open(o.tls_ca_file, "rb").read() if o.tls_ca_file else None  # noqa: SIM115
+            creds = grpc.ssl_channel_credentials(root_certificates=ca)
+            return grpc.aio.secure_channel(o.server, creds, options=opts)
+        return grpc.aio.insecure_channel(o.server, options=opts)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Connect, stream, reconnect with backoff until ``stop`` is set."""
+        backoff = Backoff(self.options.backoff_base_s, self.options.backoff_cap_s,
+                          self.options.seed)
+        while not stop.is_set():
+            try:
+                await self._session(stop, backoff)
+            except (grpc.aio.AioRpcError, SessionLost,
+                    asyncio.InvalidStateError, grpc.aio.UsageError, OSError) as exc:
+                log.warning("connection to %s lost: %s", self.options.server, _describe(exc))
+            finally:
+                self.connected.clear()
+            if stop.is_set():
+                break
+            delay = backoff.next_delay()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+
+    async def _session(self, stop: asyncio.Event, backoff: Backoff) -> None:
+        metadata = (("authorization", f"Bearer {self.options.token}"),) \
+            if self.options.token else None
+        async with self._channel() as channel:
+            connect = channel.stream_stream(
+                METHOD, request_serializer=bytes,
+                response_deserializer=pb.ControlMessage.FromString)
+            call = connect(metadata=metadata)
+            try:
+                hello = pb.AgentMessage(seq=self.spool.allocate_seq(), hello=self.hello())
+                await call.write(hello.SerializeToString())
+                first = await asyncio.wait_for(call.read(), self.options.config_timeout_s)
+                if first is grpc.aio.EOF:
+                    raise SessionLost("stream closed before Config")
+                if first.WhichOneof("body") != "config":
+                    raise SessionLost(f"expected Config first, got {first.WhichOneof('body')}")
+                self._on_config(first.config, hello.seq)
+                backoff.reset()
+                self.sessions += 1
+                self.connected.set()
+                log.info("connected to %s (session %d)", self.options.server, self.sessions)
+                tasks = [asyncio.create_task(self._send(call)),
+                         asyncio.create_task(self._receive(call)),
+                         asyncio.create_task(stop.wait())]
+                try:
+                    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for t in tasks:
+                        t.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                for t in done:
+                    if not t.cancelled() and t.exception() is not None:
+                        raise t.exception()
+            finally:
+                call.cancel()
+
+    def _on_config(self, config: pb.Config, hello_seq: int) -> None:
+        if config.resume_after_seq > hello_seq:
+            # The control plane stored seqs this spool never issued: the spool was lost.
+            self.spool.advance_past(config.resume_after_seq)
+        self.on_control(pb.ControlMessage(config=config))
+
+    async def _send(self, call) -> None:
+        self._inflight.clear()
+        last_sent = 0
+        while True:
+            self.wakeup.clear()
+            room = self.options.window - len(self._inflight)
+            batch = self.spool.pending(after_seq=last_sent, limit=room) if room > 0 else []
+            for seq, payload in batch:
+                await call.write(payload)
+                self._inflight.add(seq)
+                last_sent = seq
+            if not batch:
+                await self.wakeup.wait()
+
+    async def _receive(self, call) -> None:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                raise SessionLost("stream closed by the control plane")
+            if msg.WhichOneof("body") == "ack":
+                self._on_ack(msg.ack)
+            else:
+                self.on_control(msg)
+
+    def _on_ack(self, ack: pb.Ack) -> None:
+        self.spool.ack([ack.seq])
+        self._inflight.discard(ack.seq)
+        if ack.code != 0:
+            self.rejected += 1
+            log.warning("message seq %d rejected (%s): %s", ack.seq,
+                        CODE_NAMES.get(ack.code, ack.code), ack.message)
+        self.wakeup.set()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"
