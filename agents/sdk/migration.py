@@ -1,0 +1,117 @@
+"""Move expert slots between ranks: weights and their optimizer state, staged then committed.
+
+Every rank computes the same transfer list from (running placement, target placement) with
+:func:`agents.sdk.placement.migration_sources`. Slots that stay on a rank are copied locally;
+the others travel in one batched point-to-point round (``batch_isend_irecv``), one flat buffer
+per peer and dtype. Nothing running changes until :func:`commit`: :func:`stage` builds the new
+tensors beside the old ones.
+
+Per slot, the moved tensors are the expert parameters and every optimizer-state tensor of the
+parameter's shape (Adam/AdamW ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``; SGD
+``momentum_buffer``). Adam's ``step`` is one scalar per stacked parameter, equal on every rank
+because every rank steps every parameter each step (:func:`agents.sdk.moe.sync_gradients`
+materialises missing gradients); it stays where it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from agents.sdk.comm import exchange
+from agents.sdk.moe import ExpertParallelMoE
+from agents.sdk.placement import migration_sources
+
+
+@dataclass
+class Staged:
+    """New per-slot tensors for each block, not yet in use."""
+
+    phy2log: np.ndarray  # [L, G*S] target placement
+    tensors: list[list[torch.Tensor]] = field(default_factory=list)  # per block, per slot tensor
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    slots_received: int = 0
+    slots_copied: int = 0
+
+
+def slot_tensors(block: ExpertParallelMoE, optimizer) -> list[torch.Tensor]:
+    """The block's tensors with leading dimension S: parameters, then their optimizer state."""
+    out: list[torch.Tensor] = []
+    for p in block.expert_parameters():
+        out.append(p.data)
+        state = optimizer.state.get(p, {}) if optimizer is not None else {}
+        for key in sorted(state):
+            value = state[key]
+            if torch.is_tensor(value) and value.shape == p.shape:
+                out.append(value)
+    return out
+
+
+@torch.no_grad()
+def stage(
+    blocks: list[ExpertParallelMoE], optimizer, phy2log: np.ndarray, group=None
+) -> Staged:
+    """Build every block's slot tensors for ``phy2log[L, G*S]`` (a collective over ``group``).
+
+    The caller has validated ``phy2log``. Running tensors are only read.
+    """
+    rank = dist.get_rank(group)
+    staged = Staged(phy2log=np.array(phy2log, dtype=np.int64))
+    sends: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
+    recv_numels: dict[tuple[int, torch.dtype], int] = {}
+    unpack: list[tuple[int, int, int]] = []  # (source rank, block index, local slot)
+    all_tensors = [slot_tensors(b, optimizer) for b in blocks]
+    for i, block in enumerate(blocks):
+        s = block.slots_per_rank
+        tensors = all_tensors[i]
+        new = [torch.empty_like(t) for t in tensors]
+        staged.tensors.append(new)
+        src = migration_sources(block.phy2log_row, staged.phy2log[i], s)
+        base = rank * s
+        for slot, old_slot in enumerate(src.tolist()):
+            dst_rank, src_rank = slot // s, old_slot // s
+            if dst_rank == rank and src_rank == rank:
+                for t, n in zip(tensors, new, strict=True):
+                    n[slot - base].copy_(t[old_slot - base])
+                staged.slots_copied += 1
+            elif src_rank == rank:
+                for t in tensors:
+                    sends.setdefault((dst_rank, t.dtype), []).append(t[old_slot - base].reshape(-1))
+            elif dst_rank == rank:
+                unpack.append((src_rank, i, slot - base))
+                for t in tensors:
+                    key = (src_rank, t.dtype)
+                    recv_numels[key] = recv_numels.get(key, 0) + t[0].numel()
+    dtypes = sorted({t.dtype for ts in all_tensors for t in ts}, key=str)
+    device = all_tensors[0][0].device
+    received: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+    for dtype in dtypes:
+        out = {r: torch.cat(v) for (r, d), v in sends.items() if d == dtype}
+        want = {r: n for (r, d), n in recv_numels.items() if d == dtype}
+        got = exchange(out, want, dtype=dtype, device=device, group=group)
+        staged.bytes_sent += sum(t.numel() * t.element_size() for t in out.values())
+        staged.bytes_received += sum(t.numel() * t.element_size() for t in got.values())
+        received.update({(r, dtype): t for r, t in got.items()})
+    offsets: dict[tuple[int, torch.dtype], int] = {}
+    for src_rank, i, local in unpack:
+        for n in staged.tensors[i]:
+            key = (src_rank, n.dtype)
+            at = offsets.get(key, 0)
+            width = n[0].numel()
+            n[local].copy_(received[key][at : at + width].view_as(n[local]))
+            offsets[key] = at + width
+        staged.slots_received += 1
+    return staged
+
+
+@torch.no_grad()
+def commit(blocks: list[ExpertParallelMoE], optimizer, staged: Staged) -> None:
+    """Swap the staged tensors in (in place, so optimizer references stay valid) and the map."""
+    for i, block in enumerate(blocks):
+        for running, new in zip(slot_tensors(block, optimizer), staged.tensors[i], strict=True):
+            running.copy_(new)
+        block.set_placement(staged.phy2log[i])

@@ -1,0 +1,196 @@
+"""Placement arithmetic for expert parallelism: pure numpy, no torch, no I/O.
+
+Conventions (EPLB-compatible, see the architecture notes):
+
+- ``loads[L, E]``: tokens routed to each logical expert per MoE layer (int or float, >= 0).
+- ``phy2log[L, G*S]`` int64: the logical expert held by each physical slot; rank ``g`` owns
+  slots ``g*S .. (g+1)*S-1``. A logical expert may hold several slots (replicas); its tokens
+  are split evenly across them.
+- balancedness = mean over layers of (max rank load / mean rank load); 1.0 is perfect.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class PlacementError(ValueError):
+    """A placement that is malformed. ``field`` names the offending argument."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+def check_phy2log(
+    phy2log: np.ndarray, *, layers: int, experts: int, world_size: int, slots_per_rank: int
+) -> np.ndarray:
+    """Validate ``phy2log[L, G*S]`` and return it as int64.
+
+    Raises :class:`PlacementError` naming ``phy2log`` when the shape is not
+    ``[layers, world_size*slots_per_rank]``, an id is outside ``[0, experts)``, or a layer leaves
+    a logical expert without any slot (its tokens would have nowhere to go).
+    """
+    arr = np.asarray(phy2log)
+    want = (layers, world_size * slots_per_rank)
+    if arr.ndim != 2 or arr.shape != want:
+        raise PlacementError("phy2log", f"shape {arr.shape} does not match the model's {want}")
+    if arr.dtype.kind not in "iu":
+        raise PlacementError("phy2log", f"dtype {arr.dtype} is not an integer type")
+    arr = arr.astype(np.int64, copy=False)
+    bad = (arr < 0) | (arr >= experts)
+    if bad.any():
+        layer, slot = (int(v) for v in np.argwhere(bad)[0])
+        raise PlacementError(
+            "phy2log",
+            f"unknown expert id {int(arr[layer, slot])} at layer {layer} slot {slot} "
+            f"(experts are 0..{experts - 1})",
+        )
+    for layer in range(layers):
+        missing = np.setdiff1d(np.arange(experts), arr[layer])
+        if missing.size:
+            raise PlacementError(
+                "phy2log", f"layer {layer} holds no slot for expert(s) {missing[:8].tolist()}"
+            )
+    return arr
+
+
+def replica_table(phy2log_row: np.ndarray, experts: int) -> tuple[np.ndarray, np.ndarray]:
+    """Replicas of each logical expert in one layer.
+
+    Args:
+        phy2log_row: ``[G*S]`` logical expert of each physical slot.
+        experts: number of logical experts E.
+
+    Returns:
+        ``slots[E, R]`` int64, the global slot ids of each expert's replicas in ascending order,
+        padded with -1 (R = the largest replica count, at least 1); ``count[E]`` int64, replicas
+        per expert.
+    """
+    row = np.asarray(phy2log_row, dtype=np.int64)
+    count = np.bincount(row, minlength=experts).astype(np.int64)
+    width = max(int(count.max(initial=0)), 1)
+    slots = np.full((experts, width), -1, dtype=np.int64)
+    order = np.argsort(row, kind="stable")  # slots grouped by expert, ascending within
+    starts = np.cumsum(count) - count
+    rank_in_group = np.arange(row.size) - starts[row[order]]
+    slots[row[order], rank_in_group] = order
+    return slots, count
+
+
+def rank_loads(loads: np.ndarray, phy2log: np.ndarray, world_size: int) -> np.ndarray:
+    """Tokens each rank receives under ``phy2log``, tokens split evenly across replicas.
+
+    Args:
+        loads: ``[L, E]`` tokens per logical expert.
+        phy2log: ``[L, G*S]`` placement.
+        world_size: G.
+
+    Returns:
+        ``[L, G]`` float64 tokens per rank.
+    """
+    loads = np.asarray(loads, dtype=np.float64)
+    phy2log = np.asarray(phy2log, dtype=np.int64)
+    layers, experts = loads.shape
+    out = np.zeros((layers, world_size))
+    for layer in range(layers):
+        row = phy2log[layer]
+        count = np.bincount(row, minlength=experts)
+        per_slot = loads[layer, row] / count[row]
+        out[layer] = per_slot.reshape(world_size, -1).sum(axis=1)
+    return out
+
+
+def balancedness(per_rank: np.ndarray) -> float:
+    """Mean over layers of max rank load / mean rank load, from ``per_rank[L, G]``.
+
+    A layer with no tokens counts as perfectly balanced (1.0).
+    """
+    per_rank = np.asarray(per_rank, dtype=np.float64)
+    mean = per_rank.mean(axis=1)
+    ratio = np.where(mean > 0, per_rank.max(axis=1) / np.where(mean > 0, mean, 1.0), 1.0)
+    return float(ratio.mean())
+
+
+def rebalance(loads: np.ndarray, world_size: int, slots_per_rank: int) -> np.ndarray:
+    """A greedy placement: replicate the hottest experts, then pack replicas onto ranks.
+
+    Per layer: every expert gets one slot; each spare slot goes to the expert with the highest
+    load per replica; replicas are then placed heaviest first on the least loaded rank that has
+    a free slot and does not yet hold that expert (when possible).
+
+    Args:
+        loads: ``[L, E]`` tokens per logical expert.
+        world_size: G.
+        slots_per_rank: S, with ``G*S >= E``.
+
+    Returns:
+        ``phy2log[L, G*S]`` int64.
+    """
+    loads = np.asarray(loads, dtype=np.float64)
+    if loads.ndim != 2:
+        raise PlacementError("loads", f"expected [L, E], got shape {loads.shape}")
+    layers, experts = loads.shape
+    total = world_size * slots_per_rank
+    if total < experts:
+        raise PlacementError("slots_per_rank", f"{world_size}x{slots_per_rank} slots < {experts}")
+    out = np.empty((layers, total), dtype=np.int64)
+    for layer in range(layers):
+        load = loads[layer]
+        count = np.ones(experts, dtype=np.int64)
+        for _ in range(total - experts):
+            count[int(np.argmax(load / count))] += 1
+        replicas = np.repeat(np.arange(experts), count)
+        weight = load[replicas] / count[replicas]
+        rank_load = np.zeros(world_size)
+        filled = np.zeros(world_size, dtype=np.int64)
+        holds = np.zeros((world_size, experts), dtype=bool)
+        for idx in np.argsort(-weight, kind="stable"):
+            expert = int(replicas[idx])
+            free = filled < slots_per_rank
+            candidates = free & ~holds[:, expert]
+            if not candidates.any():
+                candidates = free
+            rank = int(np.argmin(np.where(candidates, rank_load, np.inf)))
+            out[layer, rank * slots_per_rank + filled[rank]] = expert
+            filled[rank] += 1
+            rank_load[rank] += weight[idx]
+            holds[rank, expert] = True
+    return out
+
+
+def migration_sources(old_row: np.ndarray, new_row: np.ndarray, slots_per_rank: int) -> np.ndarray:
+    """For each new slot, the old slot whose contents it takes (one layer).
+
+    A slot copies locally when its rank already holds the expert (the lowest such old slot);
+    otherwise it fetches from the old replicas of the expert in turn, spreading the sends.
+
+    Args:
+        old_row: ``[G*S]`` running placement.
+        new_row: ``[G*S]`` target placement.
+        slots_per_rank: S.
+
+    Returns:
+        ``src[G*S]`` int64: global old slot id for each new slot.
+    """
+    old_row = np.asarray(old_row, dtype=np.int64)
+    new_row = np.asarray(new_row, dtype=np.int64)
+    if old_row.shape != new_row.shape:
+        raise PlacementError("new_row", f"shape {new_row.shape} != {old_row.shape}")
+    src = np.empty(new_row.size, dtype=np.int64)
+    turn: dict[int, int] = {}
+    for slot, expert in enumerate(new_row.tolist()):
+        rank = slot // slots_per_rank
+        mine = old_row[rank * slots_per_rank : (rank + 1) * slots_per_rank]
+        local = np.flatnonzero(mine == expert)
+        if local.size:
+            src[slot] = rank * slots_per_rank + int(local[0])
+            continue
+        holders = np.flatnonzero(old_row == expert)
+        if not holders.size:
+            raise PlacementError("old_row", f"expert {expert} is held by no slot")
+        k = turn.get(expert, 0)
+        src[slot] = int(holders[k % holders.size])
+        turn[expert] = k + 1
+    return src
