@@ -1,0 +1,30 @@
+"""Expert placement planning (pure): loads in, placements and plans out, no I/O.
+
+Entry points: ``plan_placement`` (fresh or incremental plans as a ``Plan``), the load
+forecasters in ``prediction``, and helpers ``balancedness`` / ``gpu_loads`` /
+``count_moves`` / ``eplb_greedy`` (the reference policy).
+"""
+
+from controlplane.balancing.eplb import eplb_greedy
+from controlplane.balancing.placement import (
+    balancedness,
+    count_moves,
+    gpu_loads,
+    identity_placement,
+    layer_balancedness,
+    replica_counts,
+)
+from controlplane.balancing.planner import Plan, fresh_placement, plan_placement
+
+__all__ = [
+    "Plan",
+    "balancedness",
+    "count_moves",
+    "eplb_greedy",
+    "fresh_placement",
+    "gpu_loads",
+    "identity_placement",
+    "layer_balancedness",
+    "plan_placement",
+    "replica_counts",
+]

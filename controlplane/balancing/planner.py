@@ -1,0 +1,211 @@
+"""The expert placement planner: ``plan_placement`` and the ``Plan`` it returns.
+
+Fresh (no ``current``): EPLB's greedy (``eplb.py``) refined by local search (``search.py``),
+never less balanced than EPLB's greedy on the same loads.
+
+Incremental (with ``current``): local search from ``current`` that takes, per layer, the
+step with the most balance per move; each layer stops once it is within ``tolerance`` of the
+fresh plan's balancedness for that layer. With ``max_moves`` the moves are spent on the
+steepest balance-per-move segments across layers (``selection.py``). A layer that local
+moves cannot bring within ``reshuffle_above`` of its fresh plan takes the fresh plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from controlplane.balancing.eplb import eplb_greedy
+from controlplane.balancing.placement import (
+    count_moves,
+    gpu_loads,
+    identity_placement,
+    layer_balancedness,
+    replica_counts,
+)
+from controlplane.balancing.search import local_search
+from controlplane.balancing.selection import select_budget, select_within
+from controlplane.balancing.transfers import plan_transfers
+from controlplane.balancing.validate import check_count, check_loads, check_placement
+
+__all__ = ["Plan", "fresh_placement", "plan_placement"]
+
+_FRESH_ROUNDS = 16  # local-search rounds after EPLB greedy (each: one step per layer)
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """A placement decision, as data. Arrays are read-only.
+
+    - ``phy2log [L, G*S]`` int64: logical expert of each physical slot;
+    - ``replica_counts [L, E]`` int64: replicas of each logical expert;
+    - ``gpu_loads [L, G]`` float64: predicted tokens per GPU under ``phy2log``;
+    - ``layer_balancedness_before / _after [L]``: max / mean GPU load per layer, of the
+      baseline (``current``, or the identity placement ``slot % E`` when there is none) and
+      of ``phy2log``; ``balancedness_before / _after``: their means;
+    - ``moves_per_layer [L]``, ``moves``: (GPU, logical expert) pairs new against the
+      baseline, i.e. expert weights copied onto a GPU; ``cross_node_moves``: those whose
+      weights come from another node;
+    - ``transfers [M, 4]`` int64 rows (layer, destination slot, logical expert, source GPU),
+      one per move; ``cross_node [M]`` bool per transfer.
+    """
+
+    phy2log: np.ndarray
+    replica_counts: np.ndarray
+    gpu_loads: np.ndarray
+    layer_balancedness_before: np.ndarray
+    layer_balancedness_after: np.ndarray
+    balancedness_before: float
+    balancedness_after: float
+    moves_per_layer: np.ndarray
+    moves: int
+    cross_node_moves: int
+    transfers: np.ndarray
+    cross_node: np.ndarray
+    gpus: int
+    slots_per_gpu: int
+    nodes: int
+    incremental: bool
+
+
+def fresh_placement(loads: np.ndarray, gpus: int, slots_per_gpu: int) -> np.ndarray:
+    """EPLB greedy then local search: ``loads [L, E]`` float64 -> ``phy2log [L, G*S]``.
+
+    Expects validated input (see ``plan_placement``)."""
+    start = eplb_greedy(loads, gpus, slots_per_gpu)
+    traj = local_search(loads, start, gpus, max_steps=_FRESH_ROUNDS)
+    return traj.placement(np.full(loads.shape[0], np.iinfo(np.int64).max))
+
+
+def _readonly(arr: np.ndarray) -> np.ndarray:
+    arr = np.ascontiguousarray(arr)
+    arr.setflags(write=False)
+    return arr
+
+
+def plan_placement(
+    loads: np.ndarray,
+    *,
+    gpus: int,
+    slots_per_gpu: int,
+    nodes: int = 1,
+    current: np.ndarray | None = None,
+    max_moves: int | None = None,
+    tolerance: float = 0.005,
+    reshuffle_above: float = 0.05,
+    cross_node_weight: float = 0.5,
+) -> Plan:
+    """Place ``loads [L, E]`` (tokens per logical expert; float or int, finite, >= 0) on
+    ``gpus`` GPUs of ``slots_per_gpu`` slots each (G*S >= E), spread over ``nodes`` nodes
+    (G divisible by nodes; GPU g on node g // (G / nodes)).
+
+    ``current [L, G*S]`` integer: the placement in force; given, the plan is incremental.
+    ``max_moves``: most moves in total (needs ``current``). ``tolerance``: an incremental
+    layer stops once its balancedness is within this of the fresh plan's. ``reshuffle_above``:
+    a layer that local moves leave more than this above its fresh plan takes the fresh plan
+    (only without ``max_moves``). ``cross_node_weight``: extra cost of a cross-node move
+    when ranking steps (0: none). Pure and deterministic. Raises ValueError naming the
+    argument on bad input.
+    """
+    w = check_loads(loads)
+    gpus = check_count("gpus", gpus)
+    slots_per_gpu = check_count("slots_per_gpu", slots_per_gpu)
+    nodes = check_count("nodes", nodes)
+    num_layers, num_experts = w.shape
+    num_slots = gpus * slots_per_gpu
+    if num_slots < num_experts:
+        raise ValueError(
+            f"gpus * slots_per_gpu = {num_slots} is fewer than the {num_experts} experts in loads"
+        )
+    if gpus % nodes:
+        raise ValueError(f"nodes = {nodes} does not divide gpus = {gpus}")
+    for name, value in (
+        ("tolerance", tolerance),
+        ("reshuffle_above", reshuffle_above),
+        ("cross_node_weight", cross_node_weight),
+    ):
+        if not (isinstance(value, int | float) and np.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if max_moves is not None:
+        max_moves = check_count("max_moves", max_moves, minimum=0)
+        if current is None:
+            raise ValueError("max_moves needs current (a fresh plan has no moves to limit)")
+    cur = None
+    if current is not None:
+        cur = check_placement("current", current, num_layers, num_slots, num_experts)
+
+    baseline = cur if cur is not None else identity_placement(num_layers, num_experts, num_slots)
+    fresh = fresh_placement(w, gpus, slots_per_gpu)
+    if cur is None:
+        new = fresh
+    else:
+        new = _incremental(
+            w, cur, fresh, gpus, nodes, max_moves, tolerance, reshuffle_above, cross_node_weight
+        )
+
+    per_gpu = gpu_loads(w, new, gpus)
+    before = layer_balancedness(gpu_loads(w, baseline, gpus))
+    after = layer_balancedness(per_gpu)
+    moves = count_moves(baseline, new, gpus, num_experts)
+    transfers, cross = plan_transfers(baseline, new, gpus, num_experts, nodes)
+    return Plan(
+        phy2log=_readonly(new),
+        replica_counts=_readonly(replica_counts(new, num_experts)),
+        gpu_loads=_readonly(per_gpu),
+        layer_balancedness_before=_readonly(before),
+        layer_balancedness_after=_readonly(after),
+        balancedness_before=float(before.mean()),
+        balancedness_after=float(after.mean()),
+        moves_per_layer=_readonly(moves),
+        moves=int(moves.sum()),
+        cross_node_moves=int(cross.sum()),
+        transfers=_readonly(transfers),
+        cross_node=_readonly(cross),
+        gpus=gpus,
+        slots_per_gpu=slots_per_gpu,
+        nodes=nodes,
+        incremental=cur is not None,
+    )
+
+
+def _incremental(
+    w: np.ndarray,
+    cur: np.ndarray,
+    fresh: np.ndarray,
+    gpus: int,
+    nodes: int,
+    max_moves: int | None,
+    tolerance: float,
+    reshuffle_above: float,
+    cross_node_weight: float,
+) -> np.ndarray:
+    num_layers = w.shape[0]
+    num_slots = cur.shape[1]
+    fresh_bal = layer_balancedness(gpu_loads(w, fresh, gpus))
+    node_of_gpu = np.arange(gpus) // (gpus // nodes)
+    traj = local_search(
+        w,
+        cur,
+        gpus,
+        reference=cur,
+        node_of_gpu=node_of_gpu,
+        cross_weight=cross_node_weight if nodes > 1 else 0.0,
+        target=fresh_bal + tolerance,
+        max_steps=max(8, num_slots // 2),
+    )
+    pts = traj.points
+    layer = pts[:, 0].astype(np.int64)
+    steps = pts[:, 1].astype(np.int64)
+    cost = pts[:, 2]
+    bal = pts[:, 3]
+    if max_moves is not None:
+        pick = select_budget(layer, cost, bal, num_layers, max_moves)
+        return traj.placement(steps[pick])
+    pick = select_within(layer, cost, bal, fresh_bal + tolerance)
+    new = traj.placement(steps[pick])
+    stuck = bal[pick] > fresh_bal + reshuffle_above
+    if stuck.any():
+        new[stuck] = fresh[stuck]
+    return new
+

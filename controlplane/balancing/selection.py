@@ -1,0 +1,86 @@
+"""Choosing, per layer, one of the placements a search visited.
+
+Each candidate is a point (layer, option, moves, balancedness). Two rules:
+
+- ``select_within``: per layer, the cheapest point at or below the layer's target
+  balancedness; a layer that cannot reach it takes its most balanced point.
+- ``select_budget``: a global move budget spent on the steepest balance-per-move segments of
+  each layer's lower convex hull, in one fixed order that does not depend on the budget and
+  stopping at the first segment that no longer fits. A larger budget therefore takes a
+  superset of segments and never ends less balanced.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["select_budget", "select_within"]
+
+
+def select_within(
+    layer: np.ndarray, cost: np.ndarray, bal: np.ndarray, target: np.ndarray
+) -> np.ndarray:
+    """Index of the chosen point for each layer.
+
+    ``layer, cost, bal [P]``: the points; ``target [L]``: balancedness to reach. Every layer
+    must have at least one point. Returns int64 ``[L]`` indices into the points.
+    """
+    num_layers = len(target)
+    meets = bal <= target[layer]
+    # sort: layer, then meeting points first by cost, then the rest by balancedness
+    key1 = np.where(meets, cost, np.inf)
+    key2 = np.where(meets, 0.0, bal)
+    order = np.lexsort((np.arange(len(layer)), cost, key2, key1, layer))
+    first = np.searchsorted(layer[order], np.arange(num_layers), side="left")
+    return order[first]
+
+
+def _hull(cost: np.ndarray, bal: np.ndarray) -> list[int]:
+    """Indices of the lower-left convex hull of (cost, bal), from the cheapest best point."""
+    order = np.lexsort((np.arange(len(cost)), bal, cost))
+    front: list[int] = []
+    best = np.inf
+    for i in order:
+        if bal[i] < best:
+            front.append(int(i))
+            best = bal[i]
+    hull: list[int] = []
+    for i in front:
+        while len(hull) >= 2:
+            p, q = hull[-2], hull[-1]
+            # drop q if it lies on or above the segment p -> i
+            lhs = (bal[q] - bal[p]) * (cost[i] - cost[p])
+            rhs = (bal[i] - bal[p]) * (cost[q] - cost[p])
+            if lhs >= rhs:
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return hull
+
+
+def select_budget(
+    layer: np.ndarray, cost: np.ndarray, bal: np.ndarray, num_layers: int, budget: int
+) -> np.ndarray:
+    """Index of the chosen point for each layer under a total ``budget`` of moves.
+
+    ``layer, cost, bal [P]``: the points (every layer needs a point of cost 0). Returns int64
+    ``[L]`` indices into the points; the chosen costs sum to at most ``budget``.
+    """
+    chosen = np.empty(num_layers, dtype=np.int64)
+    segments: list[tuple[float, int, int, float, int]] = []
+    for lay in range(num_layers):
+        idx = np.nonzero(layer == lay)[0]
+        hull = [int(idx[k]) for k in _hull(cost[idx], bal[idx])]
+        chosen[lay] = hull[0]
+        for n, (p, q) in enumerate(zip(hull, hull[1:], strict=False)):
+            dcost = float(cost[q] - cost[p])
+            ratio = (bal[p] - bal[q]) / dcost
+            segments.append((-ratio, lay, n, dcost, q))
+    spent = float(cost[chosen].sum())
+    for _neg_ratio, lay, _n, dcost, q in sorted(segments):
+        if spent + dcost > budget:
+            break
+        spent += dcost
+        chosen[lay] = q
+    return chosen
