@@ -1,0 +1,62 @@
+"""The Dash app factory. Nothing happens at import; ``create_dash`` builds an app bound to an
+engine. Mount ``create_dash(engine).server`` (a Flask app) under ``/dashboard`` of the FastAPI
+app with ``a2wsgi.WSGIMiddleware``; Flask then sees ``SCRIPT_NAME=/dashboard`` and routes
+relative to it, while the browser requests ``requests_pathname_prefix``.
+
+Pages (client-side routing through ``dcc.Location``, no full reloads): ``cluster`` (default),
+``experts``, ``history``.
+"""
+
+from __future__ import annotations
+
+import dash
+from dash import Input, Output
+from sqlalchemy.engine import Engine
+
+from dashboard import cluster_callbacks, expert_callbacks, pages
+from dashboard.source import BalancednessCache
+
+
+def create_dash(
+    engine: Engine,
+    *,
+    requests_pathname_prefix: str = "/dashboard/",
+    interval_ms: int = 1000,
+    balancedness_window: int = 60,
+) -> dash.Dash:
+    """Build the dashboard on ``engine`` (read through ``controlplane.store.queries``).
+
+    ``requests_pathname_prefix`` is the path the browser sees (ends with ``/``);
+    ``interval_ms`` the live refresh period; ``balancedness_window`` the number of recent steps
+    in the balancedness view.
+    """
+    if not requests_pathname_prefix.startswith("/") or not requests_pathname_prefix.endswith("/"):
+        raise ValueError(
+            f"requests_pathname_prefix: must start and end with '/', got {requests_pathname_prefix!r}"
+        )
+    if interval_ms < 100:
+        raise ValueError(f"interval_ms: must be >= 100, got {interval_ms}")
+    app = dash.Dash(
+        __name__,
+        routes_pathname_prefix="/",
+        requests_pathname_prefix=requests_pathname_prefix,
+        title="moeplane",
+        update_title=None,
+        suppress_callback_exceptions=True,
+        serve_locally=True,
+    )
+    prefix = requests_pathname_prefix
+    app.layout = pages.shell(prefix)
+
+    @app.callback(Output("page", "children"), Input("url", "pathname"))
+    def route(pathname):
+        slug = app.strip_relative_path(pathname or prefix) or "cluster"
+        if slug == "experts":
+            return pages.experts_page(interval_ms)
+        if slug == "history":
+            return pages.history_page()
+        return pages.cluster_page(interval_ms)
+
+    cluster_callbacks.register(app, engine)
+    expert_callbacks.register(app, engine, BalancednessCache(balancedness_window))
+    return app

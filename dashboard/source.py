@@ -1,0 +1,96 @@
+"""Store reads for the dashboard, through the service layer (``controlplane.store.queries``).
+
+Only I/O and caching live here; the arithmetic is in ``placement`` and the figures in the
+``*_views`` modules. The balancedness cache keeps, per job and placement, the per-layer
+balancedness of recent steps so a live refresh decodes only new (or still-growing) steps.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy.engine import Engine
+
+from controlplane.store import queries as q
+from dashboard.expert_views import JobGeometry, job_geometry, layer_balancedness_of
+from dashboard.placement import identity_phy2log
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The placement the Experts views assume: geometry, ``phy2log`` [L, G*S], its source."""
+
+    geometry: JobGeometry
+    phy2log: np.ndarray
+    source: str  # "identity" until plans are stored
+
+    @property
+    def key(self) -> tuple:
+        g = self.geometry
+        return (self.source, g.layers, g.experts, g.ranks, g.slots_per_rank)
+
+
+def job_ranks(engine: Engine, job_id: str) -> int:
+    """Number of distinct EP ranks the job's nodes serve."""
+    ranks: set[int] = set()
+    for node in q.list_nodes(engine, job_id=job_id):
+        ranks.update(node["ranks"])
+    return len(ranks)
+
+
+def current_placement(engine: Engine, job_id: str, shape: tuple[int, int]) -> Placement:
+    """The job's placement for a load matrix of ``shape`` [L, E].
+
+    No plans are stored yet, so this is the identity placement (slot ``s`` holds ``s % E``);
+    once plans exist, read the running plan's ``phy2log`` here.
+    """
+    job = q.get_job(engine, job_id)
+    geom = job_geometry(job, shape, job_ranks(engine, job_id))
+    return Placement(geom, identity_phy2log(geom.layers, geom.experts, geom.ranks, geom.slots_per_rank),
+                     "identity")
+
+
+class BalancednessCache:
+    """Per-layer balancedness of recent steps, per (job, placement); thread-safe."""
+
+    def __init__(self, window: int = 60):
+        if window < 1:
+            raise ValueError(f"window: must be >= 1, got {window}")
+        self.window = window
+        self._lock = threading.Lock()
+        # (job_id, placement key) -> {step: (nodes_reported, layer_bal [L])}
+        self._steps: dict[tuple, dict[int, tuple[int, np.ndarray]]] = {}
+
+    def recent(self, engine: Engine, job_id: str, latest_step: int, placement: Placement,
+               nodes_expected: int) -> tuple[list[int], np.ndarray]:
+        """Steps (ascending) of the last ``window`` steps up to ``latest_step`` and their
+        balancedness [T, L]. Re-reads only steps not cached or cached before every node reported."""
+        lo = latest_step - self.window + 1
+        key = (job_id, placement.key)
+        with self._lock:
+            cached = dict(self._steps.get(key, {}))
+        cached = {s: v for s, v in cached.items() if s >= lo}
+        incomplete = [s for s, (n, _) in cached.items() if n < nodes_expected]
+        start = min(incomplete) if incomplete else (max(cached) + 1 if cached else lo)
+        start = max(start, lo)
+        if start <= latest_step:
+            rows = q.loads_history(
+                engine, job_id, q.Range(step_start=start, step_end=latest_step + 1, limit=self.window)
+            )
+            g = placement.geometry
+            for row in rows:
+                counts = row["counts"]
+                if counts.shape != (g.layers, g.experts):
+                    continue
+                cached[row["step"]] = (
+                    row["nodes_reported"],
+                    layer_balancedness_of(counts, placement.phy2log, g.ranks),
+                )
+        with self._lock:
+            self._steps[key] = cached
+        steps = sorted(cached)
+        if not steps:
+            return [], np.zeros((0, placement.geometry.layers))
+        return steps, np.stack([cached[s][1] for s in steps])
