@@ -192,6 +192,7 @@ def _plan_node(node: NodeMemory, members: list[_Device]) -> dict[str, OffloadDec
     solvable: list[_Device] = []
     for d in planned:
         if search(d.profile, d.current, d.high, 1 << 62, 0.0) is None:
+            budget -= d.current.host  # it keeps what it has applied
             out[d.device.device_id] = _cannot_meet(
                 d, f"device memory: the lowest peak any plan reaches is "
                    f"{_lowest_peak(d.profile)} bytes, above the high watermark {d.high} bytes "
@@ -238,19 +239,23 @@ def _plan_node(node: NodeMemory, members: list[_Device]) -> dict[str, OffloadDec
 
 
 def _share_scarce_host(solvable: list[_Device], budget: int) -> dict[str, SearchResult | None]:
-    """Host memory in order of need at the highest price; devices left without get None."""
+    """Host memory in order of need at the highest price; devices left without get None.
+
+    A device left without keeps its applied actions, so what they hold stays reserved.
+    """
     need = {d.device.device_id: search(d.profile, d.current, d.high, budget, PRICE_HIGH)
             for d in solvable}
     order = sorted(solvable, key=lambda d: (
         need[d.device.device_id].plan.host if need[d.device.device_id] else 1 << 62,
         d.device.device_id))
     results: dict[str, SearchResult | None] = {}
-    left = budget
+    left = budget - sum(d.current.host for d in solvable)
     for d in order:
-        result = search(d.profile, d.current, d.high, left, PRICE_HIGH)
+        available = left + d.current.host
+        result = search(d.profile, d.current, d.high, available, PRICE_HIGH)
         results[d.device.device_id] = result
         if result is not None:
-            left -= result.plan.host
+            left = available - result.plan.host
     return results
 
 
