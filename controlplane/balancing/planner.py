@@ -25,12 +25,13 @@ from controlplane.balancing.placement import (
     replica_counts,
 )
 from controlplane.balancing.search import local_search
-from controlplane.balancing.selection import select_budget, select_within
+from controlplane.balancing.selection import select_budget, select_mean
 from controlplane.balancing.transfers import plan_transfers
 from controlplane.balancing.validate import check_count, check_loads, check_placement
 
 __all__ = ["Plan", "fresh_placement", "plan_placement"]
 
+_LAYER_STOP = 0.5  # a layer's search stops this share of the tolerance above its fresh plan
 _FRESH_ROUNDS = 16  # local-search rounds after EPLB greedy (each: one step per layer)
 
 
@@ -92,7 +93,7 @@ def plan_placement(
     nodes: int = 1,
     current: np.ndarray | None = None,
     max_moves: int | None = None,
-    tolerance: float = 0.005,
+    tolerance: float = 0.01,
     reshuffle_above: float = 0.05,
     cross_node_weight: float = 0.5,
 ) -> Plan:
@@ -191,7 +192,7 @@ def _incremental(
         reference=cur,
         node_of_gpu=node_of_gpu,
         cross_weight=cross_node_weight if nodes > 1 else 0.0,
-        target=fresh_bal + tolerance,
+        target=fresh_bal + _LAYER_STOP * tolerance,
         max_steps=max(8, num_slots // 2),
     )
     pts = traj.points
@@ -202,7 +203,7 @@ def _incremental(
     if max_moves is not None:
         pick = select_budget(layer, cost, bal, num_layers, max_moves)
         return traj.placement(steps[pick])
-    pick = select_within(layer, cost, bal, fresh_bal + tolerance)
+    pick = select_mean(layer, cost, bal, num_layers, float(fresh_bal.mean()) + tolerance)
     new = traj.placement(steps[pick])
     stuck = bal[pick] > fresh_bal + reshuffle_above
     if stuck.any():

@@ -31,7 +31,8 @@ __all__ = ["Trajectory", "local_search"]
 
 _REPOINT_CHOICES = 2  # candidate experts for a re-pointed slot of the most loaded GPU
 _MIN_COST = 0.5  # a step that costs no move is scored as if it cost half a move
-_LIGHT_GPUS = 8  # swaps and re-points look at the slots of this many lightest GPUs
+_LIGHT_GPUS = 8  # swaps look at the slots of this many lightest GPUs
+_REPLICA_SLOTS = 48  # re-points look at this many replicated slots on the lightest GPUs
 
 
 @dataclass(frozen=True)
@@ -228,18 +229,27 @@ def _best_steps(
     hx = np.full((n_act, num_experts), -np.inf)  # max new load of x's holders other than a
     np.maximum.at(hx, (np.broadcast_to(rows[:, None], ph.shape), ph), holder)
     n_a_y = cnt[lid, a[:, None], xa]  # [A, S] (= replicas on a of the expert in each slot)
-    dx_up_j = np.take_along_axis(dx_up, js, axis=1)
-    n_a_xj = cnt[lid, a[:, None], xj]  # [A, J]
-    n_b_xj = np.take_along_axis(n_slot_x, js, axis=1)
-    n_b_y = cnt[lid3, bj[:, None, :], xa[:, :, None]]  # [A, S, J]
-    ra_a = l1_3 - (n_a_y * dy_down)[:, :, None] + (n_a_xj * dx_up_j)[:, None, :]
+    # candidate slots: replicated experts on the lightest GPUs other than a  [A, R]
+    on_a = slot_gpu[None, :] == a[:, None]
+    rkey = np.where(multi & ~on_a, lg[:, slot_gpu], np.inf)
+    jr = np.argsort(rkey, axis=1, kind="stable")[:, : min(_REPLICA_SLOTS, num_slots)]
+    br = jr // spg
+    xr = np.take_along_axis(ph, jr, axis=1)
+    lbr = np.take_along_axis(lg, br, axis=1)
+    dx_up_r = np.take_along_axis(dx_up, jr, axis=1)
+    n_a_xr = cnt[lid, a[:, None], xr]  # [A, R]
+    n_b_xr = np.take_along_axis(n_slot_x, jr, axis=1)
+    n_b_y = cnt[lid3, br[:, None, :], xa[:, :, None]]  # [A, S, R]
+    ra_a = l1_3 - (n_a_y * dy_down)[:, :, None] + (n_a_xr * dx_up_r)[:, None, :]
     ra_b = (
-        (lb + n_b_xj * dx_up_j - np.take_along_axis(per_minus, js, axis=1))[:, None, :]
+        (lbr + n_b_xr * dx_up_r - np.take_along_axis(per_minus, jr, axis=1))[:, None, :]
         - n_b_y * dy_down[:, :, None]
         + per_plus[:, :, None]
     )
-    ra_new = np.maximum(np.maximum(ra_a, ra_b), np.take_along_axis(hx, xj, axis=1)[:, None, :])
-    ra_ok = np.take_along_axis(multi, js, axis=1)[:, None, :] & (xj[:, None, :] != xa[:, :, None])
+    ra_new = np.maximum(np.maximum(ra_a, ra_b), np.take_along_axis(hx, xr, axis=1)[:, None, :])
+    ra_ok = np.isfinite(np.take_along_axis(rkey, jr, axis=1))[:, None, :] & (
+        xr[:, None, :] != xa[:, :, None]
+    )
 
     # re-point slot i of a (expert with >= 2 replicas) to an expert that costs a the least
     n_a_all = cnt[active, a, :]  # [A, E]
@@ -299,7 +309,10 @@ def _best_steps(
         _, lose_ax = pair(a3, xa[:, :, None])
         _, lose_by = pair(b3, xj[:, None, :])
         sw_cost = gain_bx + gain_ay - lose_ax - lose_by
-        ra_cost = np.broadcast_to(gain_bx - lose_by, sw_cost.shape)
+        br3 = br[:, None, :]
+        gain_rx, _ = pair(br3, xa[:, :, None])  # the re-pointed slot's GPU gains a's expert
+        _, lose_rx = pair(br3, xr[:, None, :])  # ... and loses the slot's expert
+        ra_cost = gain_rx - lose_rx
         gain_ay2, _ = pair(a3, ycand[:, None, :])
         rb_cost = np.broadcast_to(gain_ay2 - lose_ax, rb_new.shape)
         cost = np.concatenate(
@@ -318,17 +331,19 @@ def _best_steps(
     r = np.nonzero(ok)[0]
     best = best[r]
     n_j = js.shape[1]
-    block = spg * n_j
-    kind = np.minimum(best // block, 2)
-    within = best - kind * block
+    n_r = jr.shape[1]
+    kind = (best >= spg * n_j).astype(np.int64) + (best >= spg * (n_j + n_r))
+    within = best - np.where(kind == 0, 0, np.where(kind == 1, spg * n_j, spg * (n_j + n_r)))
     # np.where evaluates every branch: keep each decoding in range
     i_sw = np.minimum(within // n_j, spg - 1)
     j_sw = within % n_j
+    i_ra = np.minimum(within // n_r, spg - 1)
+    j_ra = within % n_r
     i_rb = np.minimum(within // _REPOINT_CHOICES, spg - 1)
     k_rb = within % _REPOINT_CHOICES
-    s1 = np.where(kind == 0, sa[r, i_sw], np.where(kind == 1, js[r, j_sw], sa[r, i_rb]))
+    s1 = np.where(kind == 0, sa[r, i_sw], np.where(kind == 1, jr[r, j_ra], sa[r, i_rb]))
     e1 = np.where(
-        kind == 0, xj[r, j_sw], np.where(kind == 1, xa[r, i_sw], ycand[r, k_rb])
+        kind == 0, xj[r, j_sw], np.where(kind == 1, xa[r, i_ra], ycand[r, k_rb])
     )
     s2 = np.where(kind == 0, js[r, j_sw], -1)
     e2 = np.where(kind == 0, xa[r, i_sw], -1)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["select_budget", "select_within"]
+__all__ = ["select_budget", "select_mean", "select_within"]
 
 
 def select_within(
@@ -59,14 +59,10 @@ def _hull(cost: np.ndarray, bal: np.ndarray) -> list[int]:
     return hull
 
 
-def select_budget(
-    layer: np.ndarray, cost: np.ndarray, bal: np.ndarray, num_layers: int, budget: int
-) -> np.ndarray:
-    """Index of the chosen point for each layer under a total ``budget`` of moves.
-
-    ``layer, cost, bal [P]``: the points (every layer needs a point of cost 0). Returns int64
-    ``[L]`` indices into the points; the chosen costs sum to at most ``budget``.
-    """
+def _segments(
+    layer: np.ndarray, cost: np.ndarray, bal: np.ndarray, num_layers: int
+) -> tuple[np.ndarray, list[tuple[float, int, int, float, int]]]:
+    """Each layer's cheapest best point, and all hull segments, steepest first."""
     chosen = np.empty(num_layers, dtype=np.int64)
     segments: list[tuple[float, int, int, float, int]] = []
     for lay in range(num_layers):
@@ -77,10 +73,40 @@ def select_budget(
             dcost = float(cost[q] - cost[p])
             ratio = (bal[p] - bal[q]) / dcost
             segments.append((-ratio, lay, n, dcost, q))
+    return chosen, sorted(segments)
+
+
+def select_budget(
+    layer: np.ndarray, cost: np.ndarray, bal: np.ndarray, num_layers: int, budget: int
+) -> np.ndarray:
+    """Index of the chosen point for each layer under a total ``budget`` of moves.
+
+    ``layer, cost, bal [P]``: the points (every layer needs a point of cost 0). Returns int64
+    ``[L]`` indices into the points; the chosen costs sum to at most ``budget``.
+    """
+    chosen, segments = _segments(layer, cost, bal, num_layers)
     spent = float(cost[chosen].sum())
-    for _neg_ratio, lay, _n, dcost, q in sorted(segments):
+    for _neg_ratio, lay, _n, dcost, q in segments:
         if spent + dcost > budget:
             break
         spent += dcost
+        chosen[lay] = q
+    return chosen
+
+
+def select_mean(
+    layer: np.ndarray, cost: np.ndarray, bal: np.ndarray, num_layers: int, goal: float
+) -> np.ndarray:
+    """Index of the chosen point for each layer: the steepest segments first, until the mean
+    balancedness over layers is at or below ``goal`` (or no segment is left).
+
+    ``layer, cost, bal [P]``: the points. Returns int64 ``[L]`` indices into the points.
+    """
+    chosen, segments = _segments(layer, cost, bal, num_layers)
+    total = float(bal[chosen].sum())
+    for _neg_ratio, lay, _n, _dcost, q in segments:
+        if total <= goal * num_layers:
+            break
+        total += float(bal[q] - bal[chosen[lay]])
         chosen[lay] = q
     return chosen

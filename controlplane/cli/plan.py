@@ -1,0 +1,142 @@
+"""``moeplane plan``: plan expert placement from a load matrix (a stable contract).
+
+    moeplane plan --loads LOADS.npy --gpus G --slots-per-gpu S [--nodes N]
+                  [--current CURRENT.npy] [--max-moves K] --out PLAN.npy [--report REPORT.json]
+
+LOADS.npy: float or integer ``[L, E]``; CURRENT.npy and PLAN.npy: int64 ``[L, G*S]``.
+REPORT.json: ``balancedness_before`` (of CURRENT, or of the identity placement ``slot % E``),
+``balancedness_after``, ``moved``, ``cross_node_moved``, ``elapsed_ms``, and the shape and
+settings used. Unreadable or inconsistent input: exit status 2 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+EXIT_BAD_INPUT = 2
+
+
+class _BadInput(Exception):
+    """Input the planner cannot use; the message is the one line printed."""
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="plan expert placement (EPLB-compatible phy2log) from per-expert loads",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument("--loads", required=True, help="LOADS.npy, float or int [L, E]")
+    parser.add_argument("--gpus", required=True, type=int, help="expert-parallel GPUs G")
+    parser.add_argument("--slots-per-gpu", required=True, type=int, help="expert slots S per GPU")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes the GPUs span (default 1)")
+    parser.add_argument("--current", help="CURRENT.npy, int64 [L, G*S]: plan incrementally")
+    parser.add_argument("--max-moves", type=int, help="most expert copies to move (needs --current)")
+    parser.add_argument("--out", required=True, help="PLAN.npy to write, int64 [L, G*S]")
+    parser.add_argument("--report", help="REPORT.json to write")
+
+    def one_line_error(message: str) -> None:  # argparse's usage block would be several lines
+        print(f"moeplane plan: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+    parser.error = one_line_error  # type: ignore[method-assign]
+    parser.set_defaults(func=run)
+
+
+def _load_npy(path: str, what: str):
+    import numpy as np
+
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise _BadInput(f"{what}: no such file: {path}") from None
+    except (OSError, ValueError, EOFError) as exc:
+        raise _BadInput(f"{what}: cannot read {path} as .npy: {exc}") from None
+    if not isinstance(arr, np.ndarray):
+        raise _BadInput(f"{what}: {path} is not a single .npy array")
+    return arr
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import os
+    import time
+
+    import numpy as np
+
+    from controlplane.balancing import plan_placement
+
+    try:
+        loads = _load_npy(args.loads, "--loads")
+        current = _load_npy(args.current, "--current") if args.current else None
+        if current is not None and current.dtype != np.int64:
+            raise _BadInput(f"--current: expected int64, got {current.dtype}")
+        start = time.perf_counter()
+        try:
+            plan = plan_placement(
+                loads,
+                gpus=args.gpus,
+                slots_per_gpu=args.slots_per_gpu,
+                nodes=args.nodes,
+                current=current,
+                max_moves=args.max_moves,
+            )
+        except ValueError as exc:
+            raise _BadInput(_flag_names(str(exc))) from None
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        out_dir = os.path.dirname(os.path.abspath(args.out))
+        if not os.path.isdir(out_dir):
+            raise _BadInput(f"--out: no such directory: {out_dir}")
+        if args.report and not os.path.isdir(os.path.dirname(os.path.abspath(args.report))):
+            raise _BadInput(f"--report: no such directory for {args.report}")
+    except _BadInput as exc:
+        print(f"moeplane plan: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+    with open(args.out, "wb") as fh:
+        np.save(fh, plan.phy2log.astype(np.int64))
+    num_layers, num_experts = plan.replica_counts.shape
+    report = {
+        "balancedness_before": plan.balancedness_before,
+        "balancedness_after": plan.balancedness_after,
+        "moved": plan.moves,
+        "cross_node_moved": plan.cross_node_moves,
+        "elapsed_ms": round(elapsed_ms, 3),
+        "layers": num_layers,
+        "experts": num_experts,
+        "gpus": plan.gpus,
+        "slots_per_gpu": plan.slots_per_gpu,
+        "nodes": plan.nodes,
+        "incremental": plan.incremental,
+        "max_moves": args.max_moves,
+        "before_placement": "current" if plan.incremental else "identity (slot % E)",
+    }
+    if args.report:
+        with open(args.report, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=2)
+            fh.write("\n")
+    print(
+        f"planned {num_layers}x{num_experts} on {plan.gpus}x{plan.slots_per_gpu} slots: "
+        f"balancedness {plan.balancedness_before:.4f} -> {plan.balancedness_after:.4f}, "
+        f"{plan.moves} moves ({plan.cross_node_moves} cross-node), {elapsed_ms:.1f} ms"
+    )
+    return 0
+
+
+_FLAGS = {
+    "loads": "--loads",
+    "current": "--current",
+    "gpus": "--gpus",
+    "slots_per_gpu": "--slots-per-gpu",
+    "nodes": "--nodes",
+    "max_moves": "--max-moves",
+}
+
+
+def _flag_names(message: str) -> str:
+    """Name the command-line flag for an argument named by the planner's error."""
+    words = message.split(" ", 2)
+    if words[0] in _FLAGS and (len(words) < 2 or words[1] != "*"):
+        return f"{_FLAGS[words[0]]}: {message}"
+    return message
