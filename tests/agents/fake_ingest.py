@@ -154,10 +154,9 @@ class FakeIngest(pb_grpc.IngestServicer):
                                                                                      default=0)
         await context.write(pb.ControlMessage(config=pb.Config(
             sample_interval_s=self.sample_interval_s, resume_after_seq=resume)))
-        hello_ack = self._commit(node, first)
+        self._commit(node, first)  # like the real control plane: a hello is not acknowledged
         out: asyncio.Queue = asyncio.Queue()
         self._streams.append(out)
-        out.put_nowait(pb.ControlMessage(ack=hello_ack))
 
         async def reader() -> None:
             while True:
@@ -166,7 +165,7 @@ class FakeIngest(pb_grpc.IngestServicer):
                     out.put_nowait(None)
                     return
                 ack = self._commit(node, msg)
-                if not self.hold_acks:
+                if msg.WhichOneof("body") != "hello" and not self.hold_acks:
                     out.put_nowait(pb.ControlMessage(ack=ack))
 
         task = asyncio.create_task(reader())

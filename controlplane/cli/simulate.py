@@ -1,0 +1,76 @@
+"""``moeplane simulate``: a simulated MoE training job reporting through the node agents."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "simulate", help="run a simulated MoE training job",
+        description="N nodes x G ranks of a simulated MoE job in one process. Each rank "
+                    "reports its per-step expert loads and step statistics to the agent of "
+                    "its node (NodeLocal on a Unix socket) and applies placement plans.")
+    p.add_argument("--job-id", required=True)
+    p.add_argument("--nodes", type=_positive, default=2)
+    p.add_argument("--gpus-per-node", type=_positive, default=8)
+    p.add_argument("--layers", type=_positive, default=8, help="MoE layers L")
+    p.add_argument("--experts", type=_positive, default=64, help="logical experts per layer E")
+    p.add_argument("--top-k", type=_positive, default=8)
+    p.add_argument("--tokens-per-step", type=_positive, default=4096,
+                   help="tokens each rank routes per step")
+    p.add_argument("--step-time", type=float, default=1.0,
+                   help="seconds per step at perfect balance (imbalance makes steps longer)")
+    p.add_argument("--steps", type=int, default=0, help="steps to run; 0 runs until stopped")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--agent-socket-template", default="/tmp/moeplane-agent-{node}.sock",
+                   help="socket of each node's agent; {node} is the node id, {i} its index")
+    p.add_argument("--node-id-template", default="node-{i}",
+                   help="node ids, {i} = 0..N-1 (default %(default)s)")
+    p.add_argument("--attach-timeout", type=float, default=60.0,
+                   help="seconds to wait for every rank to reach its agent")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from agents.sim.job import JobOptions, SimulatedJob
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.top_k > args.experts:
+        raise SystemExit(f"--top-k ({args.top_k}) must be <= --experts ({args.experts})")
+    if args.step_time < 0 or args.steps < 0:
+        raise SystemExit("--step-time and --steps must be >= 0")
+    options = JobOptions(
+        job_id=args.job_id, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+        layers=args.layers, experts=args.experts, top_k=args.top_k,
+        tokens_per_step=args.tokens_per_step, step_time_s=args.step_time, steps=args.steps,
+        seed=args.seed, socket_template=args.agent_socket_template,
+        node_template=args.node_id_template, attach_timeout_s=args.attach_timeout,
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await SimulatedJob(options).run(stop)
+
+    try:
+        asyncio.run(main())
+    except TimeoutError as exc:
+        logging.getLogger("moeplane.simulate").error("%s", exc)
+        return 1
+    return 0
