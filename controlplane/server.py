@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
+import socket
 import sys
 
 import grpc
@@ -15,6 +17,8 @@ import uvicorn
 
 from controlplane.api.app import create_api
 from controlplane.bus import make_bus
+from controlplane.controller.leader import Leadership
+from controlplane.controller.runner import Controller
 from controlplane.ingest.batcher import Batcher
 from controlplane.ingest.service import IngestService, JobCatalog
 from controlplane.ingest.validate import JobShape
@@ -83,7 +87,12 @@ async def serve(
     grpc_port = grpc_server.add_insecure_port(settings.grpc_listen)
     await grpc_server.start()
 
-    api = create_api(engine, ingest=ingest, batcher=batcher, bus_name=bus.name)
+    controller = Controller(
+        engine, bus, Leadership(engine, holder=f"{socket.gethostname()}:{os.getpid()}"),
+        interval_s=settings.controller_interval_s,
+    )
+    controller_task = asyncio.create_task(controller.run(stop), name="controller")
+    api = create_api(engine, ingest=ingest, batcher=batcher, bus=bus, bus_name=bus.name, controller=controller)
     dashboard = settings.dashboard and _mount_dashboard(api, engine)
     http = uvicorn.Server(
         uvicorn.Config(
@@ -94,6 +103,8 @@ async def serve(
     while not http.started and not http_task.done():
         await asyncio.sleep(0.02)
     if http_task.done():
+        stop.set()
+        await controller_task
         await grpc_server.stop(0)
         return 1
     grpc_host = settings.grpc_listen.rsplit(":", 1)[0]
@@ -116,6 +127,7 @@ async def serve(
     await grpc_server.stop(grace=2)
     await http_task
     stop_task.cancel()
+    await controller_task
     await batcher.stop()
     await bus.close()
     engine.dispose()

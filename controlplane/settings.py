@@ -31,3 +31,4 @@ class Settings(BaseSettings):
     sample_interval_s: float = 1.0
     max_message_bytes: int = 32 * 1024 * 1024
     dashboard: bool = True
+    controller_interval_s: float = 0.5

@@ -6,7 +6,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.engine import Engine
 
+from controlplane.api.plans import router as plans_router
 from controlplane.api.routes import router
+from controlplane.store.plans import PlanConflict
 from controlplane.store.queries import NotFound
 
 
@@ -21,10 +23,15 @@ def create_api(engine: Engine, **state) -> FastAPI:
     for k, val in state.items():
         setattr(app.state, k, val)
     app.include_router(router)
+    app.include_router(plans_router)
 
     @app.exception_handler(NotFound)
     async def _not_found(_request: Request, exc: NotFound):
         return JSONResponse(status_code=404, content={"detail": str(exc)})
+
+    @app.exception_handler(PlanConflict)
+    async def _conflict(_request: Request, exc: PlanConflict):
+        return JSONResponse(status_code=409, content={"detail": str(exc)})
 
     @app.exception_handler(ValueError)
     async def _bad_value(_request: Request, exc: ValueError):

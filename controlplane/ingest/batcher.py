@@ -54,6 +54,19 @@ class Batcher:
         self._queue.put_nowait((record, fut))
         return fut
 
+    async def _write_singly(self, batch) -> list[bool | None]:
+        """Write each record in its own transaction; a failing one fails only its own future."""
+        out: list[bool | None] = []
+        for record, fut in batch:
+            try:
+                out.append((await asyncio.to_thread(self._write, [record]))[0])
+            except Exception as exc:  # noqa: BLE001 - nothing is acked for this record
+                log.exception("store write failed for %s", type(record).__name__)
+                if not fut.done():
+                    fut.set_exception(exc)
+                out.append(None)
+        return out
+
     async def _run(self) -> None:
         while True:
             first = await self._queue.get()
@@ -63,12 +76,13 @@ class Batcher:
             records = [r for r, _ in batch]
             try:
                 dup = await asyncio.to_thread(self._write, records)
-            except Exception as exc:  # noqa: BLE001 - a failed commit fails every future; nothing is acked
-                log.exception("store write failed for a batch of %d records", len(batch))
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                continue
+            except Exception:  # noqa: BLE001 - isolate the bad record: retry one by one
+                log.exception("store write failed for a batch of %d records; retrying singly", len(batch))
+                dup = await self._write_singly(batch)
+            ok = [(item, d) for item, d in zip(batch, dup, strict=True) if d is not None]
+            batch = [item for item, _ in ok]
+            records = [r for r, _ in batch]
+            dup = [d for _, d in ok]
             self.committed += sum(not d for d in dup)
             self.duplicates += sum(dup)
             for (_, fut), d in zip(batch, dup, strict=True):

@@ -18,8 +18,11 @@ from collections.abc import Callable
 
 import grpc
 
+from controlplane.controller.runner import plan_message
 from controlplane.ingest import validate as v
 from controlplane.ingest.batcher import Batcher
+from controlplane.store import plans
+from controlplane.store.queries import NotFound
 from controlplane.store.records import MarkerRecord
 from controlplane.store.writes import StoreWriter
 from controlplane.wire import moeplane_pb2 as pb
@@ -101,6 +104,10 @@ class _Abort(Exception):
         self.details = details
 
 
+class _Denied(Exception):
+    """The node may not do this (PERMISSION_DENIED)."""
+
+
 class _Stream:
     """State of one agent stream."""
 
@@ -132,6 +139,8 @@ class _Stream:
                     await self.on_sequenced(kind, msg)
             except WireError as exc:
                 self.ack(msg.seq, INVALID_ARGUMENT, str(exc))
+            except _Denied as exc:
+                self.ack(msg.seq, PERMISSION_DENIED, str(exc))
 
     async def on_hello(self, msg: pb.AgentMessage) -> None:
         try:
@@ -161,6 +170,8 @@ class _Stream:
                 )
             )
         )
+        if self.job_id:
+            await self.send_running_plan()
 
     async def _follow_plans(self) -> None:
         if self.plan_sub is not None:
@@ -196,7 +207,8 @@ class _Stream:
             job = await self.svc.catalog.get(msg.step_stats.job_id) if msg.step_stats.job_id else None
             rec = v.step_stats_record(msg.step_stats, node_id=self.node_id, seq=seq, job_known=job is not None)
         elif kind == "plan_report":
-            rec = MarkerRecord(self.node_id, seq)  # lifecycle handled by the controller issue
+            await self.on_plan_report(msg)
+            rec = MarkerRecord(self.node_id, seq)
         else:  # pragma: no cover - every oneof member is handled above
             raise WireError("body", f"unexpected {kind}")
         await self.in_flight.acquire()
@@ -213,6 +225,34 @@ class _Stream:
                 self.ack(seq, OK, duplicate=f.result())
 
         fut.add_done_callback(done)
+
+    async def on_plan_report(self, msg: pb.AgentMessage) -> None:
+        r = msg.plan_report
+        states = {pb.PLAN_STATE_RECEIVED: "received", pb.PLAN_STATE_APPLIED: "applied", pb.PLAN_STATE_FAILED: "failed"}
+        if r.state not in states:
+            raise WireError("plan_report.state", f"unknown state {r.state}")
+        if r.epoch <= 0:
+            raise WireError("plan_report.epoch", f"must be positive, got {r.epoch}")
+        try:
+            await asyncio.to_thread(
+                plans.record_report, self.svc.writer.engine, r.job_id, r.epoch, self.node_id,
+                states[r.state], r.step, r.error[:2000], self.svc.clock,
+            )
+        except NotFound as exc:
+            raise WireError("plan_report.epoch", str(exc)) from exc
+        except PermissionError as exc:
+            raise _Denied(str(exc)) from exc
+
+    async def send_running_plan(self) -> None:
+        """A (re)connecting agent gets the placement its job should run."""
+        plan = await asyncio.to_thread(
+            plans.latest_plan, self.svc.writer.engine, self.job_id,
+            (plans.PlanStatus.PUSHED, plans.PlanStatus.APPLIED),
+        )
+        if plan is not None:
+            self.out.put_nowait(
+                pb.ControlMessage(plan=pb.PlacementPlan.FromString(plan_message(plan, 0)))
+            )
 
     async def close(self) -> None:
         if self.plan_sub is not None:

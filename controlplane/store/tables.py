@@ -123,3 +123,68 @@ step_stats = sa.Table(
     sa.Column("host_bound_ratio", sa.Float, nullable=False),
     sa.Column("tokens", sa.BigInteger, nullable=False),
 )
+
+# ---------------------------------------------------------------- rebalancing (migration 0002)
+
+# Policy and thresholds of a job's rebalancing controller.
+job_policies = sa.Table(
+    "job_policies",
+    metadata,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("mode", sa.String(16), nullable=False, server_default="auto"),  # auto | manual
+    sa.Column("settings", sa.Text, nullable=False, server_default="{}"),  # JSON thresholds
+    sa.Column("updated_at", sa.Float, nullable=False),
+)
+
+# Placement plans. One strictly increasing epoch per job: UNIQUE(job_id, epoch), epoch > 0.
+plans = sa.Table(
+    "plans",
+    metadata,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("epoch", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False, server_default="rebalance"),  # | rollback
+    sa.Column("base_epoch", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("leader_term", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.Column("layers", sa.Integer, nullable=False),
+    sa.Column("world_size", sa.Integer, nullable=False),
+    sa.Column("slots_per_rank", sa.Integer, nullable=False),
+    sa.Column("phy2log", sa.LargeBinary, nullable=False),  # int64 [L, G*S] little-endian
+    sa.Column("moves", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("cross_node_moves", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("predicted_before", sa.Float, nullable=True),
+    sa.Column("predicted_after", sa.Float, nullable=True),
+    sa.Column("measured_before", sa.Float, nullable=True),
+    sa.Column("measured_after", sa.Float, nullable=True),
+    sa.Column("measured_step", sa.BigInteger, nullable=True),
+    sa.Column("applied_step", sa.BigInteger, nullable=True),
+    sa.Column("reason", sa.Text, nullable=False, server_default=""),
+    sa.CheckConstraint("epoch > 0", name="ck_plans_epoch_positive"),
+)
+
+plan_events = sa.Table(
+    "plan_events",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(128), nullable=False),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Column("ts", sa.Float, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("node_id", sa.String(128), nullable=True),
+    sa.Column("step", sa.BigInteger, nullable=True),
+    sa.Column("detail", sa.Text, nullable=False, server_default=""),
+)
+sa.Index("ix_plan_events_job_epoch", plan_events.c.job_id, plan_events.c.epoch)
+
+# Leadership terms of a job's controller: a new leader bumps the term; a plan carries the
+# term it was made under, and publishing checks the term is still current (fencing).
+job_leases = sa.Table(
+    "job_leases",
+    metadata,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("term", sa.BigInteger, nullable=False),
+    sa.Column("holder", sa.String(128), nullable=False),
+    sa.Column("acquired_at", sa.Float, nullable=False),
+)

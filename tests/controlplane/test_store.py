@@ -33,7 +33,7 @@ def engine(database_url):
 
 def test_migrations_match_tables_and_downgrade(database_url):
     upgrade(database_url)
-    assert current(database_url) == "0001"
+    assert current(database_url) == "0002"
     eng = make_engine(database_url)
     with eng.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), metadata)

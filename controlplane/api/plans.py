@@ -1,0 +1,212 @@
+"""Plans router: list/get plans, approve, reject, roll back, dry-run, policy."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, Body, Path, Query, Request
+from pydantic import BaseModel, Field
+
+from controlplane.api.deps import EngineDep
+from controlplane.api.routes import BAD, NOT_FOUND, JobId
+from controlplane.api.schemas import ErrorBody
+from controlplane.balancing import plan_placement
+from controlplane.controller import runner
+from controlplane.store import plans as P
+from controlplane.store import queries as q
+
+router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["plans"])
+CONFLICT = {409: {"model": ErrorBody, "description": "the plan's state does not allow this"}}
+Epoch = Annotated[int, Path(ge=1, le=2**62)]
+
+
+class PlanSummary(BaseModel):
+    job_id: str
+    epoch: int
+    status: str
+    kind: str
+    base_epoch: int
+    created_at: float
+    updated_at: float
+    layers: int
+    world_size: int
+    slots_per_rank: int
+    moves: int
+    cross_node_moves: int
+    predicted_before: float | None
+    predicted_after: float | None
+    measured_before: float | None
+    measured_after: float | None
+    measured_step: int | None
+    applied_step: int | None
+    reason: str
+
+
+class PlanEvent(BaseModel):
+    ts: float
+    status: str
+    node_id: str | None
+    step: int | None
+    detail: str
+
+
+class PlanDetail(PlanSummary):
+    phy2log: list[list[int]] = Field(description="[L, G*S] logical expert of each physical slot")
+    events: list[PlanEvent]
+
+
+class RollbackRequest(BaseModel):
+    epoch: int = Field(ge=0, le=2**62, description="epoch to return to; 0 = the initial placement")
+
+
+class DryRunRequest(BaseModel):
+    loads: list[list[float]] | None = Field(default=None, description="[L, E]; default: recent loads")
+    steps: int = Field(default=20, ge=1, le=10_000, description="recent steps averaged when no loads given")
+    max_moves: int | None = Field(default=None, ge=0)
+    incremental: bool = True
+
+
+class DryRunResult(BaseModel):
+    balancedness_before: float
+    balancedness_after: float
+    moves: int
+    cross_node_moves: int
+    phy2log: list[list[int]]
+
+
+class PolicyBody(BaseModel):
+    model_config = {"extra": "allow"}
+
+
+def _summary(plan: dict) -> dict:
+    return {k: v for k, v in plan.items() if k in PlanSummary.model_fields}
+
+
+async def _publish(request: Request, job_id: str, payload: bytes) -> None:
+    await request.app.state.bus.publish(f"plans.{job_id}", payload)
+
+
+@router.get("/plans", response_model=list[PlanSummary], responses=NOT_FOUND)
+async def list_plans(
+    job_id: JobId,
+    engine: EngineDep,
+    status: Annotated[P.PlanStatus | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[dict]:
+    await asyncio.to_thread(q.get_job, engine, job_id)
+    return [_summary(p) for p in await asyncio.to_thread(P.list_plans, engine, job_id, status=status, limit=limit)]
+
+
+@router.get("/plans/{epoch}", response_model=PlanDetail, responses=NOT_FOUND)
+async def get_plan(job_id: JobId, epoch: Epoch, engine: EngineDep) -> dict:
+    plan = await asyncio.to_thread(P.get_plan, engine, job_id, epoch)
+    events = await asyncio.to_thread(P.plan_events, engine, job_id, epoch)
+    return _summary(plan) | {"phy2log": plan["phy2log"].tolist(), "events": events}
+
+
+@router.post("/plans/{epoch}/approve", response_model=PlanSummary, responses=NOT_FOUND | CONFLICT)
+async def approve(job_id: JobId, epoch: Epoch, request: Request, engine: EngineDep) -> dict:
+    await asyncio.to_thread(
+        P.transition, engine, job_id, epoch, P.PlanStatus.APPROVED,
+        allowed_from=(P.PlanStatus.PROPOSED,), detail="approved by operator",
+    )
+    payload = await asyncio.to_thread(runner.push, engine, job_id, epoch)
+    await _publish(request, job_id, payload)
+    return _summary(await asyncio.to_thread(P.get_plan, engine, job_id, epoch, with_placement=False))
+
+
+@router.post("/plans/{epoch}/reject", response_model=PlanSummary, responses=NOT_FOUND | CONFLICT)
+async def reject(job_id: JobId, epoch: Epoch, engine: EngineDep) -> dict:
+    plan = await asyncio.to_thread(
+        P.transition, engine, job_id, epoch, P.PlanStatus.REJECTED,
+        allowed_from=P.OPEN, detail="rejected by operator",
+    )
+    return _summary(plan)
+
+
+@router.post("/rollback", response_model=PlanSummary, responses=NOT_FOUND | CONFLICT | BAD)
+async def rollback(job_id: JobId, body: RollbackRequest, request: Request, engine: EngineDep) -> dict:
+    def make() -> tuple[int, bytes]:
+        job = q.get_job(engine, job_id)
+        geo = runner.geometry(engine, job)
+        if geo is None:
+            raise P.PlanConflict(f"job {job_id!r} has no known geometry yet")
+        world, slots, _nodes = geo
+        if body.epoch == 0:
+            target = runner.identity(job["layers"], job["experts"], world, slots)
+        else:
+            plan = P.get_plan(engine, job_id, body.epoch)
+            if plan["status"] not in (P.PlanStatus.APPLIED, P.PlanStatus.ROLLED_BACK):
+                raise P.PlanConflict(f"plan {body.epoch} was never applied ({plan['status']}); cannot roll back to it")
+            target = plan["phy2log"]
+        if P.latest_plan(engine, job_id, P.IN_FLIGHT) is not None:
+            raise P.PlanConflict("a plan is being applied; wait for it to finish")
+        epoch = P.create_plan(
+            engine, job_id, target, world_size=world, slots_per_rank=slots, status=P.PlanStatus.APPROVED,
+            kind="rollback", base_epoch=body.epoch, reason=f"rollback to epoch {body.epoch} by operator",
+        )
+        return epoch, runner.push(engine, job_id, epoch)
+
+    epoch, payload = await asyncio.to_thread(make)
+    await _publish(request, job_id, payload)
+    return _summary(await asyncio.to_thread(P.get_plan, engine, job_id, epoch, with_placement=False))
+
+
+@router.post("/plans/dry-run", response_model=DryRunResult, responses=NOT_FOUND | BAD)
+async def dry_run(job_id: JobId, engine: EngineDep, body: Annotated[DryRunRequest, Body()]) -> dict:
+    def run() -> dict:
+        job = q.get_job(engine, job_id)
+        geo = runner.geometry(engine, job)
+        if geo is None:
+            raise ValueError(f"job {job_id!r} has no known geometry (layers, experts, ranks) yet")
+        world, slots, nodes = geo
+        if body.loads is not None:
+            loads = np.asarray(body.loads, dtype=np.float64)
+            if loads.shape != (job["layers"], job["experts"]):
+                raise ValueError(f"loads: shape {loads.shape} must be [{job['layers']}, {job['experts']}]")
+        else:
+            latest = job["latest_step"]
+            if latest is None:
+                raise ValueError("loads: the job has no loads yet; pass them in the body")
+            hist = q.loads_history(engine, job_id, q.Range(step_start=max(0, latest - body.steps + 1)))
+            loads = np.mean([h["counts"] for h in hist], axis=0)
+        running = P.latest_plan(engine, job_id, (P.PlanStatus.APPLIED,))
+        current = running["phy2log"] if running else runner.identity(job["layers"], job["experts"], world, slots)
+        plan = plan_placement(
+            loads, gpus=world, slots_per_gpu=slots, nodes=nodes,
+            current=current if body.incremental else None,
+            max_moves=body.max_moves if body.incremental else None,
+        )
+        from controlplane.balancing import balancedness, count_moves
+
+        return {
+            "balancedness_before": balancedness(loads, current, world),
+            "balancedness_after": plan.balancedness_after,
+            "moves": int(count_moves(current, plan.phy2log, world, loads.shape[1]).sum()),
+            "cross_node_moves": plan.cross_node_moves,
+            "phy2log": plan.phy2log.tolist(),
+        }
+
+    return await asyncio.to_thread(run)
+
+
+@router.get("/policy", responses=NOT_FOUND)
+async def get_policy(job_id: JobId, engine: EngineDep) -> dict[str, Any]:
+    policy = await asyncio.to_thread(P.get_policy, engine, job_id)
+    return _policy_dict(policy)
+
+
+@router.put("/policy", responses=NOT_FOUND | BAD)
+async def set_policy(job_id: JobId, engine: EngineDep, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+    policy = await asyncio.to_thread(P.set_policy, engine, job_id, body)
+    return _policy_dict(policy)
+
+
+def _policy_dict(policy) -> dict[str, Any]:
+    import json
+
+    d = json.loads(policy.to_json())
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}

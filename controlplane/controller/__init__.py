@@ -1,0 +1,1 @@
+"""Rebalancing control loop: pure decision (``decide``), leadership, and the per-job runner."""

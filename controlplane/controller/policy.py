@@ -1,0 +1,93 @@
+"""Rebalancing policy of a job: mode and thresholds, validated, JSON round-trippable."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from enum import StrEnum
+
+
+class Mode(StrEnum):
+    AUTO = "auto"  # plans are pushed to agents without a human
+    MANUAL = "manual"  # an operator approves each plan through REST
+
+
+@dataclass(frozen=True)
+class RebalancePolicy:
+    """Thresholds of the controller.
+
+    imbalance_threshold: mean balancedness (max/mean rank load, 1.0 = perfect) above which
+        the placement is considered imbalanced.
+    sustain_steps: that many consecutive recent steps must be imbalanced.
+    min_interval_s: least seconds between two plans of a job.
+    window_steps: steps of history the prediction uses.
+    horizon_steps: steps a new placement is expected to serve (the gain is counted over them).
+    min_layer_gain: a layer moves only if its balancedness drops by at least this much.
+    expert_bytes: bytes moved per expert copy (weights + optimizer state).
+    intra_node_bytes_per_s, cross_node_bytes_per_s: link bandwidth per rank.
+    moe_time_fraction: share of a step spent in expert compute (scales with max rank load).
+    max_moves: most expert copies moved per plan (None: planner's choice).
+    plan_timeout_s: a pushed plan not applied by then is marked failed.
+    """
+
+    mode: Mode = Mode.AUTO
+    imbalance_threshold: float = 1.10
+    sustain_steps: int = 3
+    min_interval_s: float = 10.0
+    window_steps: int = 20
+    horizon_steps: int = 500
+    min_layer_gain: float = 0.02
+    expert_bytes: int = 64 * 1024 * 1024
+    intra_node_bytes_per_s: float = 100e9
+    cross_node_bytes_per_s: float = 25e9
+    moe_time_fraction: float = 0.5
+    max_moves: int | None = None
+    plan_timeout_s: float = 120.0
+
+    def __post_init__(self):
+        if not isinstance(self.mode, Mode):
+            try:
+                object.__setattr__(self, "mode", Mode(self.mode))
+            except ValueError:
+                raise ValueError(f"mode: must be 'auto' or 'manual', got {self.mode!r}") from None
+        positive = ("min_interval_s", "horizon_steps", "expert_bytes", "intra_node_bytes_per_s",
+                    "cross_node_bytes_per_s", "plan_timeout_s", "window_steps", "sustain_steps")
+        for name in positive:
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
+        if self.window_steps < 1 or self.sustain_steps < 1:
+            raise ValueError("window_steps, sustain_steps: must be >= 1")
+        if not (isinstance(self.imbalance_threshold, int | float) and self.imbalance_threshold >= 1.0):
+            raise ValueError(f"imbalance_threshold: must be >= 1.0, got {self.imbalance_threshold!r}")
+        if not 0 <= self.min_layer_gain < 10:
+            raise ValueError(f"min_layer_gain: must be in [0, 10), got {self.min_layer_gain!r}")
+        if not 0 < self.moe_time_fraction <= 1:
+            raise ValueError(f"moe_time_fraction: must be in (0, 1], got {self.moe_time_fraction!r}")
+        if self.max_moves is not None and (isinstance(self.max_moves, bool) or self.max_moves < 0):
+            raise ValueError(f"max_moves: must be >= 0 or null, got {self.max_moves!r}")
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["mode"] = str(self.mode)
+        return json.dumps(d, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RebalancePolicy:
+        return cls.from_dict(json.loads(text or "{}"))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RebalancePolicy:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown policy setting (known: {', '.join(sorted(known))})")
+        return cls(**data)
+
+    def updated(self, **changes) -> RebalancePolicy:
+        known = {f.name for f in fields(self)}
+        for k in changes:
+            if k not in known:
+                raise ValueError(f"{k}: unknown policy setting")
+        return replace(self, **changes)

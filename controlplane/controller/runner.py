@@ -1,0 +1,194 @@
+"""The reconcile loop: for each job this replica leads, read state, decide, execute.
+
+Reads (store) → ``decide`` (pure) → persists a plan (fenced by the leadership term) →
+publishes it on the bus channel ``plans.<job>`` where every replica's ingest streams it to
+the job's agents. Also measures the balancedness a plan achieved from the first loads after
+it was applied, and fails plans that were pushed but never applied in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from controlplane.balancing import balancedness
+from controlplane.controller.decide import Action, decide
+from controlplane.controller.leader import Leadership
+from controlplane.controller.policy import Mode
+from controlplane.store import plans as P
+from controlplane.store import queries as q
+from controlplane.store import tables as t
+from controlplane.wire import moeplane_pb2 as pb
+from controlplane.wire.arrays import encode_array
+
+log = logging.getLogger(__name__)
+
+
+def ema(window: np.ndarray, alpha: float = 0.3) -> np.ndarray:
+    """Exponential moving average over steps: ``window [W, L, E]`` oldest first -> ``[L, E]``."""
+    out = window[0].astype(np.float64)
+    for w in window[1:]:
+        out = alpha * w + (1 - alpha) * out
+    return out
+
+
+def geometry(engine: Engine, job: dict) -> tuple[int, int, int] | None:
+    """(world_size G, slots_per_rank S, nodes) of a job, from its spec or its nodes' ranks."""
+    if not job.get("experts"):
+        return None
+    nodes = q.list_nodes(engine, job["job_id"])
+    ranks = {r for n in nodes for r in n["ranks"]}
+    world = job.get("world_size") or len(ranks)
+    if not world:
+        return None
+    slots = job.get("slots_per_rank") or math.ceil(job["experts"] / world)
+    n_nodes = len(nodes) if nodes and world % len(nodes) == 0 else 1
+    return world, slots, n_nodes
+
+
+def identity(layers: int, experts: int, world: int, slots: int) -> np.ndarray:
+    """The placement a job starts with: slot i holds expert i % E. int64 [L, G*S]."""
+    return np.tile(np.arange(world * slots, dtype=np.int64) % experts, (layers, 1))
+
+
+def plan_message(plan: dict, not_before_step: int) -> bytes:
+    return pb.PlacementPlan(
+        job_id=plan["job_id"],
+        epoch=plan["epoch"],
+        phy2log=encode_array(plan["phy2log"]),
+        slots_per_rank=plan["slots_per_rank"],
+        not_before_step=not_before_step,
+    ).SerializeToString()
+
+
+def push(engine: Engine, job_id: str, epoch: int, clock=time.time) -> bytes:
+    """approved → pushed; returns the PlacementPlan to publish."""
+    plan = P.transition(engine, job_id, epoch, P.PlanStatus.PUSHED, allowed_from=(P.PlanStatus.APPROVED,), clock=clock)
+    latest = q.get_job(engine, job_id)["latest_step"] or 0
+    return plan_message(plan, latest + 1)
+
+
+class Controller:
+    """One per replica; reconciles every job it leads each ``interval_s``."""
+
+    def __init__(self, engine: Engine, bus, leadership: Leadership, *, interval_s: float = 0.5, clock=time.time):
+        self.engine = engine
+        self.bus = bus
+        self.leadership = leadership
+        self.interval_s = interval_s
+        self.clock = clock
+        self._seen_step: dict[str, int] = {}
+        self.decisions: dict[str, str] = {}  # job -> last decision reason (for /health and tests)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    messages = await asyncio.to_thread(self.reconcile_all)
+                    for job_id, payload in messages:
+                        await self.bus.publish(f"plans.{job_id}", payload)
+                except Exception:  # noqa: BLE001 - a bad tick must not stop the loop; logged
+                    log.exception("controller tick failed")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.interval_s)
+        finally:
+            await asyncio.to_thread(self.leadership.release_all)
+
+    def reconcile_all(self) -> list[tuple[str, bytes]]:
+        out = []
+        for job in q.list_jobs(self.engine):
+            term = self.leadership.try_lead(job["job_id"])
+            if term is None:
+                continue
+            msg = self.reconcile(job, term)
+            if msg is not None:
+                out.append((job["job_id"], msg))
+        return out
+
+    def reconcile(self, job: dict, term: int) -> bytes | None:
+        job_id = job["job_id"]
+        geo = geometry(self.engine, job)
+        latest = job.get("latest_step")
+        if geo is None or latest is None:
+            return None
+        world, slots, nodes = geo
+        now = self.clock()
+        running = P.latest_plan(self.engine, job_id, (P.PlanStatus.APPLIED,))
+        current = running["phy2log"] if running else identity(job["layers"], job["experts"], world, slots)
+        if running and running["measured_after"] is None and running["applied_step"] is not None:
+            self._measure(job_id, running)
+        in_flight = P.latest_plan(self.engine, job_id, P.IN_FLIGHT)
+        if in_flight is not None:
+            if now - in_flight["updated_at"] > P.get_policy(self.engine, job_id).plan_timeout_s:
+                P.transition(self.engine, job_id, in_flight["epoch"], P.PlanStatus.FAILED,
+                             allowed_from=P.IN_FLIGHT, detail="not applied before the timeout", clock=self.clock)
+            return None
+        if self._seen_step.get(job_id) == latest:
+            return None
+        self._seen_step[job_id] = latest
+        policy = P.get_policy(self.engine, job_id)
+        window = q.loads_history(self.engine, job_id, q.Range(step_start=max(0, latest - policy.window_steps + 1)))
+        if not window:
+            return None
+        loads = np.stack([w["counts"] for w in window]).astype(np.float64)
+        if current.shape != (loads.shape[1], world * slots):
+            log.warning("job %s: placement %s does not fit loads %s", job_id, current.shape, loads.shape)
+            return None
+        recent = np.array([balancedness(w, current, world) for w in loads])
+        stats = q.step_stats_history(self.engine, job_id, q.Range(step_start=max(0, latest - policy.window_steps + 1)))
+        step_time = float(np.mean([s["step_time_s"] for s in stats])) if stats else 1.0
+        last = P.list_plans(self.engine, job_id, limit=1)
+        decision = decide(
+            recent_balancedness=recent, predicted=ema(loads), current=current, world_size=world,
+            slots_per_rank=slots, nodes=nodes, step_time_s=step_time, now=now,
+            last_plan_at=last[0]["created_at"] if last else None, policy=policy,
+        )
+        self.decisions[job_id] = f"{decision.action}: {decision.reason}"
+        if decision.action != Action.REBALANCE:
+            return None
+        try:
+            epoch = P.create_plan(
+                self.engine, job_id, decision.phy2log, world_size=world, slots_per_rank=slots,
+                base_epoch=running["epoch"] if running else 0, leader_term=term, moves=decision.moves,
+                cross_node_moves=decision.cross_node_moves, predicted_before=decision.predicted_before,
+                predicted_after=decision.predicted_after, measured_before=float(recent[-1]),
+                reason=decision.reason, clock=self.clock,
+            )
+        except P.Fenced as exc:
+            log.warning("%s; giving up leadership", exc)
+            self.leadership.release(job_id)
+            return None
+        log.info("job %s: plan %d proposed (%s)", job_id, epoch, decision.reason)
+        if policy.mode != Mode.AUTO:
+            return None
+        P.transition(self.engine, job_id, epoch, P.PlanStatus.APPROVED, allowed_from=(P.PlanStatus.PROPOSED,),
+                     detail="auto policy", clock=self.clock)
+        if not self._term_current(job_id, term):
+            return None
+        return push(self.engine, job_id, epoch, clock=self.clock)
+
+    def _term_current(self, job_id: str, term: int) -> bool:
+        with self.engine.connect() as conn:
+            cur = conn.execute(sa.select(t.job_leases.c.term).where(t.job_leases.c.job_id == job_id)).scalar()
+        if cur != term:
+            self.leadership.release(job_id)
+            return False
+        return True
+
+    def _measure(self, job_id: str, plan: dict) -> None:
+        after = q.loads_history(self.engine, job_id, q.Range(step_start=plan["applied_step"] + 1, limit=1))
+        if not after:
+            return
+        value = balancedness(after[0]["counts"].astype(np.float64), plan["phy2log"], plan["world_size"])
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.update(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch == plan["epoch"])
+                .values(measured_after=value, measured_step=after[0]["step"])
+            )

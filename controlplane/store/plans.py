@@ -1,0 +1,291 @@
+"""Placement plans and their lifecycle, persisted with an event history.
+
+proposed → approved → pushed → applied | failed; also rejected, superseded, rolled_back.
+Epochs are per job and strictly increasing: a new plan takes max(epoch) + 1 inside its
+transaction and UNIQUE(job_id, epoch) refuses a second writer of the same epoch. Plans made by
+a controller carry its leadership term; creating one checks the term is still current, so a
+deposed leader cannot create or publish (fencing).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from enum import StrEnum
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from controlplane.controller.policy import RebalancePolicy
+from controlplane.store import tables as t
+from controlplane.store.queries import NotFound
+from controlplane.store.writes import dialect_insert
+
+
+class PlanStatus(StrEnum):
+    PROPOSED = "proposed"
+    APPROVED = "approved"
+    PUSHED = "pushed"
+    APPLIED = "applied"
+    FAILED = "failed"
+    REJECTED = "rejected"
+    SUPERSEDED = "superseded"
+    ROLLED_BACK = "rolled_back"
+
+
+OPEN = (PlanStatus.PROPOSED, PlanStatus.APPROVED)
+IN_FLIGHT = (PlanStatus.PUSHED,)
+
+
+class PlanConflict(Exception):
+    """A lifecycle step that the plan's state does not allow (REST: 409)."""
+
+
+class Fenced(Exception):
+    """The caller's leadership term is no longer current; it must not create or publish."""
+
+
+def _now(clock: Callable[[], float] | None) -> float:
+    return (clock or time.time)()
+
+
+# ---------------------------------------------------------------- policy
+
+
+def get_policy(engine: Engine, job_id: str) -> RebalancePolicy:
+    with engine.connect() as conn:
+        if conn.execute(sa.select(t.jobs.c.job_id).where(t.jobs.c.job_id == job_id)).first() is None:
+            raise NotFound(f"job {job_id!r}")
+        row = conn.execute(
+            sa.select(t.job_policies.c.mode, t.job_policies.c.settings).where(t.job_policies.c.job_id == job_id)
+        ).first()
+    if row is None:
+        return RebalancePolicy()
+    return RebalancePolicy.from_json(row.settings).updated(mode=row.mode)
+
+
+def set_policy(engine: Engine, job_id: str, changes: dict, clock=None) -> RebalancePolicy:
+    policy = get_policy(engine, job_id).updated(**changes)
+    with engine.begin() as conn:
+        ins = dialect_insert(conn, t.job_policies)
+        values = {"mode": str(policy.mode), "settings": policy.to_json(), "updated_at": _now(clock)}
+        conn.execute(
+            ins.values(job_id=job_id, **values).on_conflict_do_update(
+                index_elements=[t.job_policies.c.job_id], set_=values
+            )
+        )
+    return policy
+
+
+# ---------------------------------------------------------------- plans
+
+
+def _event(conn: Connection, job_id: str, epoch: int, status: str, ts: float, *, node_id=None, step=None, detail=""):
+    conn.execute(
+        sa.insert(t.plan_events).values(
+            job_id=job_id, epoch=epoch, ts=ts, status=str(status), node_id=node_id, step=step, detail=detail
+        )
+    )
+
+
+def create_plan(
+    engine: Engine,
+    job_id: str,
+    phy2log: np.ndarray,
+    *,
+    world_size: int,
+    slots_per_rank: int,
+    status: PlanStatus = PlanStatus.PROPOSED,
+    kind: str = "rebalance",
+    base_epoch: int = 0,
+    leader_term: int | None = None,
+    moves: int = 0,
+    cross_node_moves: int = 0,
+    predicted_before: float | None = None,
+    predicted_after: float | None = None,
+    measured_before: float | None = None,
+    reason: str = "",
+    clock=None,
+) -> int:
+    """Insert a plan with the next epoch; older open plans become superseded. Returns the epoch.
+
+    phy2log [L, G*S] int64. With ``leader_term``, raises Fenced if the term is stale.
+    """
+    phy2log = np.ascontiguousarray(phy2log, dtype="<i8")
+    if phy2log.ndim != 2 or phy2log.shape[1] != world_size * slots_per_rank:
+        raise ValueError(f"phy2log: shape {phy2log.shape} does not match {world_size} x {slots_per_rank} slots")
+    now = _now(clock)
+    with engine.begin() as conn:
+        if leader_term is not None:
+            term = conn.execute(
+                sa.select(t.job_leases.c.term).where(t.job_leases.c.job_id == job_id).with_for_update()
+            ).scalar()
+            if term != leader_term:
+                raise Fenced(f"job {job_id!r}: leadership term {leader_term} is stale (current {term})")
+        epoch = 1 + int(
+            conn.execute(sa.select(sa.func.coalesce(sa.func.max(t.plans.c.epoch), 0)).where(t.plans.c.job_id == job_id)).scalar()
+        )
+        stale = conn.execute(
+            sa.select(t.plans.c.epoch).where(t.plans.c.job_id == job_id, t.plans.c.status.in_([str(s) for s in OPEN]))
+        ).scalars().all()
+        for old in stale:
+            conn.execute(
+                sa.update(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch == old)
+                .values(status=str(PlanStatus.SUPERSEDED), updated_at=now)
+            )
+            _event(conn, job_id, old, PlanStatus.SUPERSEDED, now, detail=f"by epoch {epoch}")
+        conn.execute(
+            sa.insert(t.plans).values(
+                job_id=job_id, epoch=epoch, status=str(status), kind=kind, base_epoch=base_epoch,
+                leader_term=leader_term or 0, created_at=now, updated_at=now, layers=phy2log.shape[0],
+                world_size=world_size, slots_per_rank=slots_per_rank, phy2log=phy2log.tobytes(),
+                moves=moves, cross_node_moves=cross_node_moves, predicted_before=predicted_before,
+                predicted_after=predicted_after, measured_before=measured_before, reason=reason,
+            )
+        )
+        _event(conn, job_id, epoch, status, now, detail=reason)
+    return epoch
+
+
+def transition(
+    engine: Engine,
+    job_id: str,
+    epoch: int,
+    to: PlanStatus,
+    *,
+    allowed_from: tuple[PlanStatus, ...],
+    detail: str = "",
+    node_id: str | None = None,
+    step: int | None = None,
+    clock=None,
+    **values,
+) -> dict:
+    """Move a plan to ``to`` if its status is in ``allowed_from``; else PlanConflict."""
+    now = _now(clock)
+    with engine.begin() as conn:
+        row = conn.execute(
+            sa.select(t.plans.c.status).where(t.plans.c.job_id == job_id, t.plans.c.epoch == epoch).with_for_update()
+        ).first()
+        if row is None:
+            raise NotFound(f"plan {epoch} of job {job_id!r}")
+        if row.status not in [str(s) for s in allowed_from]:
+            raise PlanConflict(
+                f"plan {epoch} of job {job_id!r} is {row.status}; "
+                f"{to} needs one of {', '.join(str(s) for s in allowed_from)}"
+            )
+        conn.execute(
+            sa.update(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch == epoch)
+            .values(status=str(to), updated_at=now, **values)
+        )
+        _event(conn, job_id, epoch, to, now, node_id=node_id, step=step, detail=detail)
+    return get_plan(engine, job_id, epoch)
+
+
+def _plan_dict(row, with_placement: bool) -> dict:
+    d = {k: row[k] for k in row if k != "phy2log"}
+    if with_placement:
+        d["phy2log"] = np.frombuffer(row["phy2log"], dtype="<i8").reshape(row["layers"], -1)
+    return d
+
+
+def get_plan(engine: Engine, job_id: str, epoch: int, *, with_placement: bool = True) -> dict:
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.select(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch == epoch)
+        ).mappings().first()
+    if row is None:
+        raise NotFound(f"plan {epoch} of job {job_id!r}")
+    return _plan_dict(row, with_placement)
+
+
+def list_plans(engine: Engine, job_id: str, *, status: str | None = None, limit: int = 100) -> list[dict]:
+    q = sa.select(t.plans).where(t.plans.c.job_id == job_id).order_by(t.plans.c.epoch.desc()).limit(limit)
+    if status is not None:
+        q = q.where(t.plans.c.status == status)
+    with engine.connect() as conn:
+        return [_plan_dict(r, False) for r in conn.execute(q).mappings().all()]
+
+
+def plan_events(engine: Engine, job_id: str, epoch: int) -> list[dict]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(t.plan_events).where(t.plan_events.c.job_id == job_id, t.plan_events.c.epoch == epoch)
+            .order_by(t.plan_events.c.id)
+        ).mappings().all()
+    return [dict(r) for r in rows]
+
+
+def latest_plan(engine: Engine, job_id: str, statuses: tuple[PlanStatus, ...]) -> dict | None:
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.select(t.plans)
+            .where(t.plans.c.job_id == job_id, t.plans.c.status.in_([str(s) for s in statuses]))
+            .order_by(t.plans.c.epoch.desc()).limit(1)
+        ).mappings().first()
+    return None if row is None else _plan_dict(row, True)
+
+
+def record_report(
+    engine: Engine, job_id: str, epoch: int, node_id: str, state: str, step: int, error: str = "", clock=None
+) -> dict:
+    """An agent's report on a pushed plan. ``state``: received | applied | failed.
+
+    Raises NotFound for an unknown plan, PermissionError for a node outside the job.
+    A plan is applied once every node of the job has reported applied; failed on the first
+    failure.
+    """
+    now = _now(clock)
+    with engine.begin() as conn:
+        plan = conn.execute(
+            sa.select(t.plans.c.status, t.plans.c.kind, t.plans.c.base_epoch)
+            .where(t.plans.c.job_id == job_id, t.plans.c.epoch == epoch).with_for_update()
+        ).first()
+        if plan is None:
+            raise NotFound(f"plan {epoch} of job {job_id!r}")
+        node_job = conn.execute(sa.select(t.nodes.c.job_id).where(t.nodes.c.node_id == node_id)).scalar()
+        if node_job != job_id:
+            raise PermissionError(f"node {node_id!r} is not part of job {job_id!r}")
+        _event(conn, job_id, epoch, f"node_{state}", now, node_id=node_id, step=step, detail=error)
+        if plan.status != str(PlanStatus.PUSHED):
+            return {"status": plan.status}
+        if state == "failed":
+            conn.execute(
+                sa.update(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch == epoch)
+                .values(status=str(PlanStatus.FAILED), updated_at=now)
+            )
+            _event(conn, job_id, epoch, PlanStatus.FAILED, now, node_id=node_id, step=step, detail=error)
+            return {"status": str(PlanStatus.FAILED)}
+        if state != "applied":
+            return {"status": plan.status}
+        nodes = set(conn.execute(sa.select(t.nodes.c.node_id).where(t.nodes.c.job_id == job_id)).scalars())
+        applied = set(
+            conn.execute(
+                sa.select(t.plan_events.c.node_id).where(
+                    t.plan_events.c.job_id == job_id, t.plan_events.c.epoch == epoch,
+                    t.plan_events.c.status == "node_applied",
+                )
+            ).scalars()
+        )
+        if not nodes <= applied:
+            return {"status": plan.status, "waiting_for": sorted(nodes - applied)}
+        conn.execute(
+            sa.update(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch == epoch)
+            .values(status=str(PlanStatus.APPLIED), applied_step=step, updated_at=now)
+        )
+        _event(conn, job_id, epoch, PlanStatus.APPLIED, now, step=step)
+        # the placement it replaced is no longer running
+        prev = conn.execute(
+            sa.select(t.plans.c.epoch).where(
+                t.plans.c.job_id == job_id, t.plans.c.epoch < epoch, t.plans.c.status == str(PlanStatus.APPLIED)
+            )
+        ).scalars().all()
+        for old in prev:
+            new_status = PlanStatus.ROLLED_BACK if plan.kind == "rollback" and old > plan.base_epoch else None
+            if new_status is not None:
+                conn.execute(
+                    sa.update(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch == old)
+                    .values(status=str(new_status), updated_at=now)
+                )
+                _event(conn, job_id, old, new_status, now, detail=f"rolled back by epoch {epoch}")
+        return {"status": str(PlanStatus.APPLIED)}
