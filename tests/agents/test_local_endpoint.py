@@ -1,0 +1,95 @@
+"""NodeLocal over the agent's Unix socket: validation, aggregation upward, plan fan-out."""
+
+from __future__ import annotations
+
+import queue
+
+import grpc
+import numpy as np
+import pytest
+
+from controlplane.wire import moeplane_pb2 as pb
+from controlplane.wire import moeplane_pb2_grpc as pb_grpc
+from controlplane.wire.arrays import decode_array, encode_array
+from tests.agents.fake_ingest import FakeIngest
+from tests.agents.procs import start_agent, stop, wait_path
+from tests.conftest import free_port
+
+JOB = pb.JobSpec(job_id="j1", layers=2, experts=4, top_k=1, world_size=2, slots_per_rank=2,
+                 ranks_per_node=2)
+
+
+class Rank:
+    """A synchronous NodeLocal client: messages in through a queue, controls out."""
+
+    def __init__(self, channel: grpc.Channel, rank: int, job: pb.JobSpec = JOB):
+        self.outbox: queue.Queue = queue.Queue()
+        self.outbox.put(pb.RankMessage(hello=pb.RankHello(job=job, rank=rank,
+                                                          device_id=f"node-0/gpu{rank}")))
+        self.responses = pb_grpc.NodeLocalStub(channel).Attach(iter(self.outbox.get, None))
+
+    def step(self, step: int, counts: np.ndarray) -> None:
+        self.outbox.put(pb.RankMessage(step=pb.RankStep(
+            step=step, counts=encode_array(counts), timestamp=1.7e9,
+            stats=pb.RankStepStats(rank=0, step_time_s=0.5, host_bound_ratio=0.25, tokens=9))))
+
+    def close(self) -> None:
+        self.outbox.put(None)
+
+
+@pytest.fixture
+def setup(tmp_path):
+    ingest = FakeIngest(free_port()).start()
+    agent = start_agent(tmp_path, ingest.port, "node-0", "--job-id", "j1", "--ranks", "0-1")
+    wait_path(tmp_path / "node-0.sock", agent)
+    channel = grpc.insecure_channel(f"unix:{tmp_path / 'node-0.sock'}")
+    yield ingest, channel
+    channel.close()
+    assert stop(agent) == 0
+    ingest.stop()
+
+
+def test_bad_step_is_rejected_on_the_stream_and_good_steps_are_summed(setup):
+    ingest, channel = setup
+    r0, r1 = Rank(channel, 0), Rank(channel, 1)
+    r0.step(0, np.ones((3, 4), np.int64))  # wrong [L, E]
+    ack = next(r0.responses).ack
+    assert ack.code == 3 and "step.counts.shape" in ack.message and ack.seq == 0
+    r0.step(0, np.full((2, 4), 2, np.int64))  # the stream survived
+    r1.step(0, np.full((2, 4), 5, np.int64))
+    loads = ingest.wait_for(lambda s: s.loads.get(("j1", "node-0", 0)))
+    assert list(loads.ranks) == [0, 1]
+    assert (decode_array(loads.counts, "c", shape=(2, 4)) == 7).all()
+    samples = ingest.wait_for(lambda s: [m.samples for m in s.stored.values()
+                                         if m.WhichOneof("body") == "samples"
+                                         and "host_bound_ratio" in m.samples.metrics])
+    hb = decode_array(samples[-1].values, "v", finite=False)[
+        :, list(samples[-1].metrics).index("host_bound_ratio")]
+    assert hb[0] == 0.25 and hb[1] == 0.25 and np.isnan(hb[2:]).all()
+    plan = pb.PlacementPlan(job_id="j1", epoch=2, slots_per_rank=2,
+                            phy2log=encode_array(np.zeros((2, 4), np.int64)))
+    ingest.send_plan(plan)
+    assert next(r1.responses).plan.epoch == 2
+    assert next(r0.responses).plan.epoch == 2
+    for r in (r0, r1):
+        r.outbox.put(pb.RankMessage(plan_report=pb.PlanReport(
+            job_id="j1", epoch=2, state=pb.PLAN_STATE_APPLIED, step=12)))
+    report = ingest.wait_for(lambda s: [m.plan_report for m in s.stored.values()
+                                        if m.WhichOneof("body") == "plan_report"
+                                        and m.plan_report.state == pb.PLAN_STATE_APPLIED])
+    assert (report[0].epoch, report[0].step) == (2, 12) and len(report) == 1
+    r0.close()
+    r1.close()
+
+
+def test_a_rank_of_another_job_is_refused(setup):
+    _, channel = setup
+    other = pb.JobSpec()
+    other.CopyFrom(JOB)
+    other.job_id = "not-mine"
+    rank = Rank(channel, 0, other)
+    with pytest.raises(grpc.RpcError) as err:
+        next(rank.responses)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "hello.job.job_id" in err.value.details()
+    rank.close()
