@@ -9,22 +9,32 @@ from controlplane.balancing.eplb import eplb_greedy
 from controlplane.balancing.placement import (
     balancedness,
     count_moves,
+    gpu_expert_counts,
     gpu_loads,
     identity_placement,
     layer_balancedness,
     replica_counts,
 )
 from controlplane.balancing.planner import Plan, fresh_placement, plan_placement
+from controlplane.balancing.prediction import (
+    ema_forecast,
+    one_step_ahead_error,
+    window_forecast,
+)
 
 __all__ = [
     "Plan",
     "balancedness",
     "count_moves",
     "eplb_greedy",
+    "ema_forecast",
     "fresh_placement",
+    "gpu_expert_counts",
     "gpu_loads",
     "identity_placement",
     "layer_balancedness",
+    "one_step_ahead_error",
     "plan_placement",
     "replica_counts",
+    "window_forecast",
 ]
