@@ -4,10 +4,11 @@ Fresh (no ``current``): EPLB's greedy (``eplb.py``) refined by local search (``s
 never less balanced than EPLB's greedy on the same loads.
 
 Incremental (with ``current``): local search from ``current`` that takes, per layer, the
-step with the most balance per move; each layer stops once it is within ``tolerance`` of the
-fresh plan's balancedness for that layer. With ``max_moves`` the moves are spent on the
-steepest balance-per-move segments across layers (``selection.py``). A layer that local
-moves cannot bring within ``reshuffle_above`` of its fresh plan takes the fresh plan.
+step with the most balance per move (each layer stops ``tolerance / 2`` above EPLB's greedy
+on the new loads). The visited states are then chosen across layers steepest balance-per-move
+first, until the mean balancedness is within ``tolerance`` of EPLB's greedy (``select_mean``)
+or, with ``max_moves``, until the budget is spent (``select_budget``). A layer that local
+moves leave more than ``reshuffle_above`` above EPLB's greedy takes EPLB's greedy.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def plan_placement(
 
     ``current [L, G*S]`` integer: the placement in force; given, the plan is incremental.
     ``max_moves``: most moves in total (needs ``current``). ``tolerance``: an incremental
-    layer stops once its balancedness is within this of the fresh plan's. ``reshuffle_above``:
-    a layer that local moves leave more than this above its fresh plan takes the fresh plan
+    plan stops once its mean balancedness is within this of EPLB's greedy on ``loads``.
+    ``reshuffle_above``:
+    a layer that local moves leave more than this above EPLB's greedy takes that plan
     (only without ``max_moves``). ``cross_node_weight``: extra cost of a cross-node move
     when ranking steps (0: none). Pure and deterministic. Raises ValueError naming the
     argument on bad input.
@@ -137,10 +139,12 @@ def plan_placement(
         cur = check_placement("current", current, num_layers, num_slots, num_experts)
 
     baseline = cur if cur is not None else identity_placement(num_layers, num_experts, num_slots)
-    fresh = fresh_placement(w, gpus, slots_per_gpu)
     if cur is None:
-        new = fresh
+        new = fresh_placement(w, gpus, slots_per_gpu)
     else:
+        # the incremental reference is EPLB's greedy alone: local search would tighten the
+        # target it sets and cost as much time again
+        fresh = eplb_greedy(w, gpus, slots_per_gpu)
         new = _incremental(
             w, cur, fresh, gpus, nodes, max_moves, tolerance, reshuffle_above, cross_node_weight
         )

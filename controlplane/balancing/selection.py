@@ -1,9 +1,10 @@
 """Choosing, per layer, one of the placements a search visited.
 
-Each candidate is a point (layer, option, moves, balancedness). Two rules:
+Each candidate is a point (layer, moves, balancedness). Two rules, both walking the
+segments of each layer's lower convex hull of (moves, balancedness):
 
-- ``select_within``: per layer, the cheapest point at or below the layer's target
-  balancedness; a layer that cannot reach it takes its most balanced point.
+- ``select_mean``: the steepest balance-per-move segments across layers until the mean
+  balancedness reaches a goal.
 - ``select_budget``: a global move budget spent on the steepest balance-per-move segments of
   each layer's lower convex hull, in one fixed order that does not depend on the budget and
   stopping at the first segment that no longer fits. A larger budget therefore takes a
@@ -14,25 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["select_budget", "select_mean", "select_within"]
-
-
-def select_within(
-    layer: np.ndarray, cost: np.ndarray, bal: np.ndarray, target: np.ndarray
-) -> np.ndarray:
-    """Index of the chosen point for each layer.
-
-    ``layer, cost, bal [P]``: the points; ``target [L]``: balancedness to reach. Every layer
-    must have at least one point. Returns int64 ``[L]`` indices into the points.
-    """
-    num_layers = len(target)
-    meets = bal <= target[layer]
-    # sort: layer, then meeting points first by cost, then the rest by balancedness
-    key1 = np.where(meets, cost, np.inf)
-    key2 = np.where(meets, 0.0, bal)
-    order = np.lexsort((np.arange(len(layer)), cost, key2, key1, layer))
-    first = np.searchsorted(layer[order], np.arange(num_layers), side="left")
-    return order[first]
+__all__ = ["select_budget", "select_mean"]
 
 
 def _hull(cost: np.ndarray, bal: np.ndarray) -> list[int]:
