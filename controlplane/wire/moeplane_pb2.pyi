@@ -146,21 +146,101 @@ class PlanReport(_message.Message):
     error: str
     def __init__(self, job_id: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[_Union[PlanState, str]] = ..., step: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
+class LayerMemory(_message.Message):
+    __slots__ = ("name", "activation_bytes", "forward_s", "backward_s", "parameter_bytes", "optimizer_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_S_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_S_FIELD_NUMBER: _ClassVar[int]
+    PARAMETER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    activation_bytes: int
+    forward_s: float
+    backward_s: float
+    parameter_bytes: int
+    optimizer_bytes: int
+    def __init__(self, name: _Optional[str] = ..., activation_bytes: _Optional[int] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., parameter_bytes: _Optional[int] = ..., optimizer_bytes: _Optional[int] = ...) -> None: ...
+
+class MemoryProfile(_message.Message):
+    __slots__ = ("device_id", "rank", "capacity_bytes", "used_bytes", "parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_peak_bytes", "layers", "host_link_bytes_per_s", "applied_actions")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GRADIENTS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATIONS_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    HOST_LINK_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    rank: int
+    capacity_bytes: int
+    used_bytes: int
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    activations_peak_bytes: int
+    layers: _containers.RepeatedCompositeFieldContainer[LayerMemory]
+    host_link_bytes_per_s: float
+    applied_actions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, device_id: _Optional[str] = ..., rank: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., parameters_bytes: _Optional[int] = ..., gradients_bytes: _Optional[int] = ..., optimizer_bytes: _Optional[int] = ..., activations_peak_bytes: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerMemory, _Mapping]]] = ..., host_link_bytes_per_s: _Optional[float] = ..., applied_actions: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MemoryProfiles(_message.Message):
+    __slots__ = ("job_id", "step", "timestamp", "host_free_bytes", "devices")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    HOST_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step: int
+    timestamp: float
+    host_free_bytes: int
+    devices: _containers.RepeatedCompositeFieldContainer[MemoryProfile]
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., timestamp: _Optional[float] = ..., host_free_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[MemoryProfile, _Mapping]]] = ...) -> None: ...
+
+class OffloadReport(_message.Message):
+    __slots__ = ("job_id", "decision_id", "device_id", "state", "step", "measured_used_bytes", "measured_saved_bytes", "error")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_SAVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    decision_id: int
+    device_id: str
+    state: PlanState
+    step: int
+    measured_used_bytes: int
+    measured_saved_bytes: int
+    error: str
+    def __init__(self, job_id: _Optional[str] = ..., decision_id: _Optional[int] = ..., device_id: _Optional[str] = ..., state: _Optional[_Union[PlanState, str]] = ..., step: _Optional[int] = ..., measured_used_bytes: _Optional[int] = ..., measured_saved_bytes: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
 class AgentMessage(_message.Message):
-    __slots__ = ("seq", "hello", "samples", "loads", "step_stats", "plan_report")
+    __slots__ = ("seq", "hello", "samples", "loads", "step_stats", "plan_report", "memory", "offload_report")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     LOADS_FIELD_NUMBER: _ClassVar[int]
     STEP_STATS_FIELD_NUMBER: _ClassVar[int]
     PLAN_REPORT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    OFFLOAD_REPORT_FIELD_NUMBER: _ClassVar[int]
     seq: int
     hello: Hello
     samples: DeviceSamples
     loads: ExpertLoads
     step_stats: StepStats
     plan_report: PlanReport
-    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., samples: _Optional[_Union[DeviceSamples, _Mapping]] = ..., loads: _Optional[_Union[ExpertLoads, _Mapping]] = ..., step_stats: _Optional[_Union[StepStats, _Mapping]] = ..., plan_report: _Optional[_Union[PlanReport, _Mapping]] = ...) -> None: ...
+    memory: MemoryProfiles
+    offload_report: OffloadReport
+    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., samples: _Optional[_Union[DeviceSamples, _Mapping]] = ..., loads: _Optional[_Union[ExpertLoads, _Mapping]] = ..., step_stats: _Optional[_Union[StepStats, _Mapping]] = ..., plan_report: _Optional[_Union[PlanReport, _Mapping]] = ..., memory: _Optional[_Union[MemoryProfiles, _Mapping]] = ..., offload_report: _Optional[_Union[OffloadReport, _Mapping]] = ...) -> None: ...
 
 class Config(_message.Message):
     __slots__ = ("sample_interval_s", "job_id", "resume_after_seq")
@@ -198,15 +278,51 @@ class PlacementPlan(_message.Message):
     not_before_step: int
     def __init__(self, job_id: _Optional[str] = ..., epoch: _Optional[int] = ..., phy2log: _Optional[_Union[NDArray, _Mapping]] = ..., slots_per_rank: _Optional[int] = ..., not_before_step: _Optional[int] = ...) -> None: ...
 
+class OffloadAction(_message.Message):
+    __slots__ = ("kind", "layers", "bytes_saved", "host_bytes", "overhead_s")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SAVED_FIELD_NUMBER: _ClassVar[int]
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    layers: _containers.RepeatedScalarFieldContainer[str]
+    bytes_saved: int
+    host_bytes: int
+    overhead_s: float
+    def __init__(self, kind: _Optional[str] = ..., layers: _Optional[_Iterable[str]] = ..., bytes_saved: _Optional[int] = ..., host_bytes: _Optional[int] = ..., overhead_s: _Optional[float] = ...) -> None: ...
+
+class OffloadDecision(_message.Message):
+    __slots__ = ("job_id", "decision_id", "device_id", "rank", "verdict", "actions", "reason", "predicted_peak_bytes")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    decision_id: int
+    device_id: str
+    rank: int
+    verdict: str
+    actions: _containers.RepeatedCompositeFieldContainer[OffloadAction]
+    reason: str
+    predicted_peak_bytes: int
+    def __init__(self, job_id: _Optional[str] = ..., decision_id: _Optional[int] = ..., device_id: _Optional[str] = ..., rank: _Optional[int] = ..., verdict: _Optional[str] = ..., actions: _Optional[_Iterable[_Union[OffloadAction, _Mapping]]] = ..., reason: _Optional[str] = ..., predicted_peak_bytes: _Optional[int] = ...) -> None: ...
+
 class ControlMessage(_message.Message):
-    __slots__ = ("config", "ack", "plan")
+    __slots__ = ("config", "ack", "plan", "offload")
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    OFFLOAD_FIELD_NUMBER: _ClassVar[int]
     config: Config
     ack: Ack
     plan: PlacementPlan
-    def __init__(self, config: _Optional[_Union[Config, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., plan: _Optional[_Union[PlacementPlan, _Mapping]] = ...) -> None: ...
+    offload: OffloadDecision
+    def __init__(self, config: _Optional[_Union[Config, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., plan: _Optional[_Union[PlacementPlan, _Mapping]] = ..., offload: _Optional[_Union[OffloadDecision, _Mapping]] = ...) -> None: ...
 
 class RankHello(_message.Message):
     __slots__ = ("job", "rank", "device_id")
@@ -219,31 +335,37 @@ class RankHello(_message.Message):
     def __init__(self, job: _Optional[_Union[JobSpec, _Mapping]] = ..., rank: _Optional[int] = ..., device_id: _Optional[str] = ...) -> None: ...
 
 class RankStep(_message.Message):
-    __slots__ = ("step", "counts", "stats", "timestamp")
+    __slots__ = ("step", "counts", "stats", "timestamp", "memory")
     STEP_FIELD_NUMBER: _ClassVar[int]
     COUNTS_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
     step: int
     counts: NDArray
     stats: RankStepStats
     timestamp: float
-    def __init__(self, step: _Optional[int] = ..., counts: _Optional[_Union[NDArray, _Mapping]] = ..., stats: _Optional[_Union[RankStepStats, _Mapping]] = ..., timestamp: _Optional[float] = ...) -> None: ...
+    memory: MemoryProfile
+    def __init__(self, step: _Optional[int] = ..., counts: _Optional[_Union[NDArray, _Mapping]] = ..., stats: _Optional[_Union[RankStepStats, _Mapping]] = ..., timestamp: _Optional[float] = ..., memory: _Optional[_Union[MemoryProfile, _Mapping]] = ...) -> None: ...
 
 class RankMessage(_message.Message):
-    __slots__ = ("hello", "step", "plan_report")
+    __slots__ = ("hello", "step", "plan_report", "offload_report")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     PLAN_REPORT_FIELD_NUMBER: _ClassVar[int]
+    OFFLOAD_REPORT_FIELD_NUMBER: _ClassVar[int]
     hello: RankHello
     step: RankStep
     plan_report: PlanReport
-    def __init__(self, hello: _Optional[_Union[RankHello, _Mapping]] = ..., step: _Optional[_Union[RankStep, _Mapping]] = ..., plan_report: _Optional[_Union[PlanReport, _Mapping]] = ...) -> None: ...
+    offload_report: OffloadReport
+    def __init__(self, hello: _Optional[_Union[RankHello, _Mapping]] = ..., step: _Optional[_Union[RankStep, _Mapping]] = ..., plan_report: _Optional[_Union[PlanReport, _Mapping]] = ..., offload_report: _Optional[_Union[OffloadReport, _Mapping]] = ...) -> None: ...
 
 class RankControl(_message.Message):
-    __slots__ = ("plan", "ack")
+    __slots__ = ("plan", "ack", "offload")
     PLAN_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
+    OFFLOAD_FIELD_NUMBER: _ClassVar[int]
     plan: PlacementPlan
     ack: Ack
-    def __init__(self, plan: _Optional[_Union[PlacementPlan, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ...) -> None: ...
+    offload: OffloadDecision
+    def __init__(self, plan: _Optional[_Union[PlacementPlan, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., offload: _Optional[_Union[OffloadDecision, _Mapping]] = ...) -> None: ...
