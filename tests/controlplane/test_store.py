@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 
 from controlplane.store import queries as q
 from controlplane.store.engine import make_engine
-from controlplane.store.migrate import current, downgrade, upgrade
+from controlplane.store.migrate import alembic_config, current, downgrade, upgrade
 from controlplane.store.records import (
     DeviceRecord,
     HelloRecord,
@@ -33,7 +34,8 @@ def engine(database_url):
 
 def test_migrations_match_tables_and_downgrade(database_url):
     upgrade(database_url)
-    assert current(database_url) == "0002"
+    head = ScriptDirectory.from_config(alembic_config(database_url)).get_current_head()
+    assert current(database_url) == head
     eng = make_engine(database_url)
     with eng.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), metadata)
