@@ -49,13 +49,6 @@ devices = sa.Table(
 )
 sa.Index("ix_devices_node", devices.c.node_id)
 
-metrics = sa.Table(
-    "metrics",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("name", sa.String(96), nullable=False, unique=True),
-)
-
 # One row per agent message stored, for deduplication of resends by (node, seq).
 received = sa.Table(
     "received",
@@ -65,25 +58,37 @@ received = sa.Table(
     sa.Column("received_at", sa.Float, nullable=False),
 )
 
-# Narrow raw time series: one row per (device, metric, timestamp).
-device_samples = sa.Table(
-    "device_samples",
+# Raw device telemetry, compact: one row per (node, sampling round) holding the whole
+# [D, M] float32 matrix of that round. The row's layout names its devices and metrics.
+# About 4-5 bytes per sample with 8 devices x 16 metrics (see docs/benchmarks.md).
+sample_layouts = sa.Table(
+    "sample_layouts",
     metadata,
-    sa.Column("device", sa.Integer, nullable=False),  # devices.id
-    sa.Column("metric", sa.Integer, nullable=False),  # metrics.id
-    sa.Column("ts", sa.Float, nullable=False),
-    sa.Column("value", sa.Float, nullable=False),
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("key", sa.String(64), nullable=False, unique=True),  # sha256 of node|devices|metrics
+    sa.Column("node_id", sa.String(128), nullable=False),
+    sa.Column("device_ids", sa.Text, nullable=False),  # JSON list, D entries
+    sa.Column("metrics", sa.Text, nullable=False),  # JSON list, M entries
 )
-sa.Index("ix_device_samples_dmt", device_samples.c.device, device_samples.c.metric, device_samples.c.ts)
+sa.Index("ix_sample_layouts_node", sample_layouts.c.node_id)
 
-# Latest value of each (device, metric): what live views read.
-device_latest = sa.Table(
-    "device_latest",
+sample_frames = sa.Table(
+    "sample_frames",
     metadata,
-    sa.Column("device", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("metric", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("layout", sa.Integer, nullable=False),  # sample_layouts.id
+    sa.Column("ts", sa.Float, nullable=False),  # unix seconds of the round
+    sa.Column("values", sa.LargeBinary, nullable=False),  # float32 [D, M] LE; NaN = not measured
+)
+sa.Index("ix_sample_frames_layout_ts", sample_frames.c.layout, sample_frames.c.ts)
+
+# The newest frame of each node: what live views read (one upsert per round).
+node_latest = sa.Table(
+    "node_latest",
+    metadata,
+    sa.Column("node_id", sa.String(128), primary_key=True),
+    sa.Column("layout", sa.Integer, nullable=False),
     sa.Column("ts", sa.Float, nullable=False),
-    sa.Column("value", sa.Float, nullable=False),
+    sa.Column("values", sa.LargeBinary, nullable=False),
 )
 
 # Which node contributed to which step: deduplicates loads by (job, node, step).
@@ -188,3 +193,107 @@ job_leases = sa.Table(
     sa.Column("holder", sa.String(128), nullable=False),
     sa.Column("acquired_at", sa.Float, nullable=False),
 )
+
+# ---------------------------------------------------------------- memory offload (migration 0003)
+
+# Latest memory profile of each device of a job (one row per device, overwritten).
+# layers: JSON list of {name, activation_bytes, forward_s, backward_s, parameter_bytes,
+# optimizer_bytes}; applied_actions: comma-separated "kind:layer" in effect at `step`.
+memory_profiles = sa.Table(
+    "memory_profiles",
+    metadata,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("device_id", sa.String(160), primary_key=True),
+    sa.Column("node_id", sa.String(128), nullable=False),
+    sa.Column("rank", sa.Integer, nullable=False),
+    sa.Column("step", sa.BigInteger, nullable=False),
+    sa.Column("ts", sa.Float, nullable=False),
+    sa.Column("capacity_bytes", sa.BigInteger, nullable=False),
+    sa.Column("used_bytes", sa.BigInteger, nullable=False),
+    sa.Column("parameters_bytes", sa.BigInteger, nullable=False),
+    sa.Column("gradients_bytes", sa.BigInteger, nullable=False),
+    sa.Column("optimizer_bytes", sa.BigInteger, nullable=False),
+    sa.Column("activations_peak_bytes", sa.BigInteger, nullable=False),
+    sa.Column("host_link_bytes_per_s", sa.Float, nullable=False),
+    sa.Column("applied_actions", sa.Text, nullable=False, server_default=""),
+    sa.Column("layers", sa.Text, nullable=False, server_default="[]"),
+)
+sa.Index("ix_memory_profiles_node", memory_profiles.c.job_id, memory_profiles.c.node_id)
+
+# Latest free host memory of each node of a job, shared by the node's devices.
+node_memory = sa.Table(
+    "node_memory",
+    metadata,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("node_id", sa.String(128), primary_key=True),
+    sa.Column("step", sa.BigInteger, nullable=False),
+    sa.Column("ts", sa.Float, nullable=False),
+    sa.Column("host_free_bytes", sa.BigInteger, nullable=False),
+)
+
+# Offload policy of a job: mode auto | manual and watermarks as fractions of capacity.
+offload_policies = sa.Table(
+    "offload_policies",
+    metadata,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("mode", sa.String(16), nullable=False, server_default="auto"),
+    sa.Column("high_watermark", sa.Float, nullable=False),
+    sa.Column("low_watermark", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.CheckConstraint(
+        "low_watermark > 0 AND low_watermark < high_watermark AND high_watermark <= 1",
+        name="ck_offload_policies_watermarks",
+    ),
+)
+
+# Offload decisions, one per device per change of verdict/action set. decision_id is global.
+# actions: JSON list of {kind, layers, bytes_saved, host_bytes, overhead_s, prefetch};
+# undo: JSON list of {kind, layer}. signature: verdict + action set, to detect changes.
+offload_decisions = sa.Table(
+    "offload_decisions",
+    metadata,
+    sa.Column("decision_id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.String(128), nullable=False),
+    sa.Column("device_id", sa.String(160), nullable=False),
+    sa.Column("node_id", sa.String(128), nullable=False),
+    sa.Column("rank", sa.Integer, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("verdict", sa.String(16), nullable=False),
+    sa.Column("signature", sa.Text, nullable=False),
+    sa.Column("actions", sa.Text, nullable=False, server_default="[]"),
+    sa.Column("undo", sa.Text, nullable=False, server_default="[]"),
+    sa.Column("reason", sa.Text, nullable=False, server_default=""),
+    sa.Column("leader_term", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("profile_step", sa.BigInteger, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.Column("capacity_bytes", sa.BigInteger, nullable=False),
+    sa.Column("used_bytes", sa.BigInteger, nullable=False),
+    sa.Column("peak_now_bytes", sa.BigInteger, nullable=False),
+    sa.Column("predicted_peak_bytes", sa.BigInteger, nullable=False),
+    sa.Column("high_watermark_bytes", sa.BigInteger, nullable=False),
+    sa.Column("low_watermark_bytes", sa.BigInteger, nullable=False),
+    sa.Column("host_bytes", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("overhead_s", sa.Float, nullable=False, server_default="0"),
+    sa.Column("applied_step", sa.BigInteger, nullable=True),
+    sa.Column("measured_used_bytes", sa.BigInteger, nullable=True),
+    sa.Column("measured_saved_bytes", sa.BigInteger, nullable=True),
+    sa.Column("error", sa.Text, nullable=False, server_default=""),
+)
+sa.Index(
+    "ix_offload_decisions_job_device", offload_decisions.c.job_id, offload_decisions.c.device_id
+)
+
+offload_events = sa.Table(
+    "offload_events",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("decision_id", sa.Integer, nullable=False),
+    sa.Column("job_id", sa.String(128), nullable=False),
+    sa.Column("ts", sa.Float, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("node_id", sa.String(128), nullable=True),
+    sa.Column("step", sa.BigInteger, nullable=True),
+    sa.Column("detail", sa.Text, nullable=False, server_default=""),
+)
+sa.Index("ix_offload_events_decision", offload_events.c.decision_id)
