@@ -17,6 +17,8 @@ from dashboard.expert_views import (
     expert_heatmap_figure,
     placement_figure,
     rank_load_figure,
+    rank_load_trace,
+    relative_rank_load,
     step_time_figure,
 )
 from dashboard.placement import layer_balancedness, rank_loads
@@ -107,9 +109,8 @@ def register(app, engine: Engine, cache: BalancednessCache) -> None:
         heat = Patch()
         heat["data"][0]["z"] = counts.tolist()
         heat["layout"]["title"]["text"] = heat_title
-        ranks = rank_load_figure(per_rank, rank_title)  # only its data and title travel
         rank_patch = Patch()
-        rank_patch["data"][0] = ranks["data"][0]
+        rank_patch["data"][0] = rank_load_trace(relative_rank_load(per_rank))
         rank_patch["layout"]["title"]["text"] = rank_title
         balf = balancedness_figure(steps, bal, bal_title)
         bal_patch = Patch()

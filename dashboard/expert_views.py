@@ -13,6 +13,8 @@ import numpy as np
 
 from dashboard.placement import layer_balancedness, rank_loads, replica_counts, slot_loads
 
+MAX_LABELLED_SLOTS = 512  # above this the placement view shows ids on hover only
+
 
 @dataclass(frozen=True)
 class JobGeometry:
@@ -72,24 +74,11 @@ def relative_rank_load(per_rank: np.ndarray) -> np.ndarray:
 
 
 def rank_load_figure(per_rank: np.ndarray, title: str) -> dict:
-    """``rank-load``: layer × rank heatmap of load relative to the layer mean; tokens in hover."""
+    """``rank-load``: layer × rank heatmap of each rank's load relative to its layer's mean
+    (1.0 = fair share). Only the relative values travel (tokens = value × layer mean)."""
     rel = relative_rank_load(per_rank)
-    peak = float(rel.max()) if rel.size else 1.0
     return {
-        "data": [
-            {
-                "type": "heatmap",
-                "z": np.round(rel, 3).tolist(),
-                "customdata": np.round(np.asarray(per_rank)).astype(np.int64).tolist(),
-                "colorscale": "RdBu",
-                "zmid": 1.0,
-                "zmin": max(0.0, 2.0 - max(peak, 1.0)),
-                "zmax": max(peak, 1.0),
-                "colorbar": {"title": {"text": "× mean"}},
-                "hovertemplate": "layer %{y}, rank %{x}: %{customdata} tokens"
-                " (%{z:.2f} × mean)<extra></extra>",
-            }
-        ],
+        "data": [rank_load_trace(rel)],
         "layout": {
             "title": {"text": title, "x": 0.01, "xanchor": "left"},
             "height": max(300, 80 + 8 * rel.shape[0]),
@@ -98,6 +87,21 @@ def rank_load_figure(per_rank: np.ndarray, title: str) -> dict:
             "yaxis": {"title": {"text": "layer"}, "autorange": "reversed"},
             "uirevision": "ranks",
         },
+    }
+
+
+def rank_load_trace(rel: np.ndarray) -> dict:
+    """The heatmap trace of ``rank_load_figure`` from relative loads ``rel`` [L, G]."""
+    peak = max(float(rel.max()) if rel.size else 1.0, 1.0)
+    return {
+        "type": "heatmap",
+        "z": np.round(rel, 3).tolist(),
+        "colorscale": "RdBu",
+        "zmid": 1.0,
+        "zmin": max(0.0, 2.0 - peak),
+        "zmax": peak,
+        "colorbar": {"title": {"text": "× mean"}},
+        "hovertemplate": "layer %{y}, rank %{x}: %{z:.2f} × mean<extra></extra>",
     }
 
 
@@ -164,7 +168,7 @@ def placement_figure(counts: np.ndarray, phy2log: np.ndarray, ranks: int, layer:
                 "type": "heatmap",
                 "z": np.round(per_slot.reshape(ranks, -1)).tolist(),
                 "text": text,
-                "texttemplate": "%{text}" if ids.size <= 1024 else None,
+                "texttemplate": "%{text}" if ids.size <= MAX_LABELLED_SLOTS else None,
                 "colorscale": "Blues",
                 "colorbar": {"title": {"text": "tokens"}},
                 "hovertemplate": "rank %{y}, slot %{x}: expert %{text}, %{z} tokens<extra></extra>",
@@ -172,7 +176,7 @@ def placement_figure(counts: np.ndarray, phy2log: np.ndarray, ranks: int, layer:
         ],
         "layout": {
             "title": {"text": f"Placement of layer {layer} (expert id per slot, * = replicated)"},
-            "height": max(260, 60 + 18 * ranks),
+            "height": min(720, max(260, 60 + 18 * ranks)),
             "margin": {"l": 50, "r": 20, "t": 40, "b": 40},
             "xaxis": {"title": {"text": "slot on rank"}, "dtick": 1},
             "yaxis": {"title": {"text": "EP rank"}, "autorange": "reversed", "dtick": 1},

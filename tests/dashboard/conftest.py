@@ -107,6 +107,19 @@ def dashboard_server(store) -> Iterator[DashboardServer]:
     srv.stop()
 
 
+def browser_options(profile_dir: str):
+    """Headless Chromium options with a fresh profile in ``profile_dir``."""
+    from selenium import webdriver
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in BROWSER_ARGS:
+        opts.add_argument(arg)
+    opts.add_argument(f"--user-data-dir={profile_dir}")
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return opts
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
     if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
@@ -115,14 +128,8 @@ def browser() -> Iterator[object]:
     from selenium.webdriver.chrome.service import Service
 
     profile = tempfile.mkdtemp(prefix="moeplane-chromium-")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in BROWSER_ARGS:
-        opts.add_argument(arg)
-    opts.add_argument(f"--user-data-dir={profile}")
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     try:
-        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=browser_options(profile))
     except Exception as exc:  # noqa: BLE001 - any launch failure
         shutil.rmtree(profile, ignore_errors=True)
         unavailable("Chromium", exc)

@@ -121,11 +121,8 @@ class SimJob:
 
     def step_counts(self, step: int) -> np.ndarray:
         """int64 [N, L, E]: each node's share of the step's routed tokens."""
-        out = np.empty((self.nodes, self.layers, self.experts), dtype=np.int64)
-        for n in range(self.nodes):
-            for layer in range(self.layers):
-                out[n, layer] = self.rng.multinomial(self.tokens_per_step, self.popularity[layer])
-        return out
+        pvals = np.broadcast_to(self.popularity, (self.nodes, self.layers, self.experts))
+        return self.rng.multinomial(self.tokens_per_step, pvals).astype(np.int64)
 
     def step(self, step: int, ts: float, counts: np.ndarray | None = None) -> np.ndarray:
         """Write loads and step statistics of ``step`` from every node; returns the global [L, E]."""

@@ -120,7 +120,7 @@ def test_expert_figures_carry_the_arrays():
     per_rank = np.array([[2.0, 6.0], [0.0, 0.0]])
     assert relative_rank_load(per_rank).tolist() == [[0.5, 1.5], [1.0, 1.0]]
     rf = rank_load_figure(per_rank, "r")
-    assert rf["data"][0]["customdata"] == [[2, 6], [0, 0]]
+    assert rf["data"][0]["z"] == [[0.5, 1.5], [1.0, 1.0]] and rf["data"][0]["zmax"] == 1.5
     bf = balancedness_figure([7, 8], np.array([[1.0, 3.0], [1.0, 1.0]]), "b")
     assert bf["data"][0]["y"] == [2.0, 1.0] and bf["data"][1]["z"] == [[1.0, 1.0], [3.0, 1.0]]
 
