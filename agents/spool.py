@@ -177,6 +177,11 @@ class Spool:
             (after_seq, limit),
         ).fetchall()
 
+    def get(self, seq: int) -> bytes | None:
+        """The serialized message ``seq`` while it is pending, else None."""
+        row = self.db.execute("SELECT payload FROM messages WHERE seq = ?", (seq,)).fetchone()
+        return None if row is None else row[0]
+
     def ack(self, seqs: list[int]) -> int:
         """Forget acknowledged messages; return how many were pending."""
         if not seqs:

@@ -3,7 +3,8 @@
 Per connection: a fresh Hello (its own seq), wait for Config, then send every spooled message
 in seq order (a window of at most ``window`` unacknowledged) while reading acks, plans and
 config. An ack (any code) removes the message from the spool; a non-zero code is logged and the
-message is never resent. After a lost connection, every unacknowledged message is resent: the
+message is never resent. Any other code (e.g. INTERNAL: the store failed) keeps the message
+and resends it after ``retry_after_s``. After a lost connection, every unacknowledged message is resent: the
 control plane deduplicates. Reconnects wait a jittered exponential backoff.
 """
 
@@ -24,7 +25,9 @@ from controlplane.wire import moeplane_pb2 as pb
 log = logging.getLogger(__name__)
 
 METHOD = "/moeplane.v1.Ingest/Connect"
-CODE_NAMES = {0: "OK", 3: "INVALID_ARGUMENT", 5: "NOT_FOUND", 7: "PERMISSION_DENIED"}
+CODE_NAMES = {0: "OK", 3: "INVALID_ARGUMENT", 5: "NOT_FOUND", 7: "PERMISSION_DENIED",
+              13: "INTERNAL", 14: "UNAVAILABLE"}
+FINAL_CODES = frozenset((0, 3, 5, 7))  # stored, or rejected for good; anything else: retry
 
 
 class SessionLost(Exception):
@@ -42,6 +45,7 @@ class UplinkOptions:
     max_message_bytes: int = 32 << 20
     backoff_base_s: float = 0.2
     backoff_cap_s: float = 10.0
+    retry_after_s: float = 1.0
     seed: int | None = None
 
 
@@ -60,6 +64,7 @@ class Uplink:
         self.sessions = 0
         self.rejected = 0
         self._inflight: set[int] = set()
+        self._retry: set[int] = set()
 
     def _channel(self) -> grpc.aio.Channel:
         o = self.options
@@ -133,9 +138,16 @@ class Uplink:
 
     async def _send(self, call) -> None:
         self._inflight.clear()
+        self._retry.clear()  # a new session resends everything pending anyway
         last_sent = 0
         while True:
             self.wakeup.clear()
+            for seq in sorted(self._retry):
+                self._retry.discard(seq)
+                payload = self.spool.get(seq)
+                if payload is not None:
+                    await call.write(payload)
+                    self._inflight.add(seq)
             room = self.options.window - len(self._inflight)
             batch = self.spool.pending(after_seq=last_sent, limit=room) if room > 0 else []
             for seq, payload in batch:
@@ -156,12 +168,25 @@ class Uplink:
                 self.on_control(msg)
 
     def _on_ack(self, ack: pb.Ack) -> None:
-        self.spool.ack([ack.seq])
         self._inflight.discard(ack.seq)
+        if ack.code not in FINAL_CODES:
+            log.warning("message seq %d not stored (%s): %s; retrying in %.3g s", ack.seq,
+                        CODE_NAMES.get(ack.code, ack.code), ack.message,
+                        self.options.retry_after_s)
+            asyncio.get_running_loop().call_later(self.options.retry_after_s, self._retry_seq,
+                                                  ack.seq)
+            self.wakeup.set()
+            return
+        self.spool.ack([ack.seq])
         if ack.code != 0:
             self.rejected += 1
             log.warning("message seq %d rejected (%s): %s", ack.seq,
                         CODE_NAMES.get(ack.code, ack.code), ack.message)
+        self.wakeup.set()
+
+
+    def _retry_seq(self, seq: int) -> None:
+        self._retry.add(seq)
         self.wakeup.set()
 
 

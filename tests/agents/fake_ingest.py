@@ -39,7 +39,8 @@ class FakeIngest(pb_grpc.IngestServicer):
         self.store = Store()
         self.cond = threading.Condition()
         self.hold_acks = False
-        self.reject: Callable[[pb.AgentMessage], str | None] = lambda msg: None
+        # reject(msg) -> None (store it), "reason" (INVALID_ARGUMENT) or (code, "reason")
+        self.reject: Callable[[pb.AgentMessage], object] = lambda msg: None
         self.resume_after_seq: int | None = None  # override of the computed value
         self._streams: list[asyncio.Queue] = []
         self._contexts: list = []
@@ -120,7 +121,8 @@ class FakeIngest(pb_grpc.IngestServicer):
             try:
                 reason = self.reject(msg)
                 if reason:
-                    return pb.Ack(seq=msg.seq, code=3, message=reason)
+                    code, text = reason if isinstance(reason, tuple) else (3, reason)
+                    return pb.Ack(seq=msg.seq, code=code, message=text)
                 if body == "hello":
                     self.store.hellos.append(msg.hello)
                 key = (node, msg.seq)

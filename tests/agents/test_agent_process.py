@@ -170,6 +170,26 @@ def test_rejected_messages_are_not_resent(ingest, tmp_path):
     assert sends == [rejected[0]]
 
 
+def test_not_stored_internal_error_is_retried_on_the_same_stream(ingest, tmp_path):
+    failed: list[int] = []
+
+    def fail_once(msg):
+        if msg.WhichOneof("body") == "samples" and not failed:
+            failed.append(msg.seq)
+            return (13, "not stored: OperationalError")
+        return None
+
+    ingest.reject = fail_once
+    agent = start_agent(tmp_path, ingest.port)
+    try:
+        ingest.wait_for(lambda s: failed and ("node-0", failed[0]) in s.stored)
+    finally:
+        assert stop(agent) == 0
+    assert ingest.snapshot(lambda s: s.connects) == 1
+    sends = ingest.snapshot(lambda s: [m.seq for _, m in s.received if m.seq == failed[0]])
+    assert sends == [failed[0], failed[0]]
+
+
 def test_spool_lost_agent_renumbers_past_what_the_control_plane_stored(ingest, tmp_path):
     ingest.resume_after_seq = 10_000  # this node wrote seqs up to 10000 in a former life
     agent = start_agent(tmp_path, ingest.port)
