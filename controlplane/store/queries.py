@@ -6,6 +6,7 @@ Errors: :class:`NotFound` for an unknown job/device; ``ValueError`` for bad rang
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,58 +107,85 @@ def list_devices(engine: Engine, node_id: str | None = None, job_id: str | None 
         return [dict(r) for r in conn.execute(q).mappings().all()]
 
 
+def _frame(values: bytes, layout) -> tuple[list[str], list[str], np.ndarray]:
+    devices = json.loads(layout.device_ids)
+    metrics = json.loads(layout.metrics)
+    return devices, metrics, np.frombuffer(values, dtype="<f4").reshape(len(devices), len(metrics))
+
+
 def latest_device_values(engine: Engine, job_id: str | None = None) -> dict[str, dict]:
-    """{device_id: {"node_id", "ts", "metrics": {name: value}}} from the latest-value table."""
-    q = (
-        sa.select(
-            t.devices.c.device_id,
-            t.devices.c.node_id,
-            t.metrics.c.name,
-            t.device_latest.c.ts,
-            t.device_latest.c.value,
-        )
-        .join(t.devices, t.devices.c.id == t.device_latest.c.device)
-        .join(t.metrics, t.metrics.c.id == t.device_latest.c.metric)
+    """{device_id: {"node_id", "ts", "metrics": {name: value}}} from each node's newest frame."""
+    q = sa.select(t.node_latest.c.node_id, t.node_latest.c.ts, t.node_latest.c["values"],
+                  t.sample_layouts.c.device_ids, t.sample_layouts.c.metrics).join(
+        t.sample_layouts, t.sample_layouts.c.id == t.node_latest.c.layout
     )
     if job_id is not None:
-        q = q.join(t.nodes, t.nodes.c.node_id == t.devices.c.node_id).where(t.nodes.c.job_id == job_id)
+        q = q.join(t.nodes, t.nodes.c.node_id == t.node_latest.c.node_id).where(t.nodes.c.job_id == job_id)
     out: dict[str, dict] = {}
     with engine.connect() as conn:
-        for device_id, node_id, name, ts, value in conn.execute(q):
-            d = out.setdefault(device_id, {"node_id": node_id, "ts": ts, "metrics": {}})
-            d["metrics"][name] = value
-            d["ts"] = max(d["ts"], ts)
+        for row in conn.execute(q):
+            devices, metrics, values = _frame(row[2], row)
+            finite = np.isfinite(values)
+            for di, dev in enumerate(devices):
+                out[dev] = {
+                    "node_id": row.node_id,
+                    "ts": row.ts,
+                    "metrics": {m: float(values[di, mi]) for mi, m in enumerate(metrics) if finite[di, mi]},
+                }
     return out
 
 
 def device_history(engine: Engine, device_id: str, metric: str | None, rng: Range) -> list[dict]:
-    """Raw samples of one device, oldest first: [{"ts", "metric", "value"}]."""
+    """Raw samples of one device, oldest first: [{"ts", "metric", "value"}] (metric order by name)."""
     with engine.connect() as conn:
-        dev = conn.execute(sa.select(t.devices.c.id).where(t.devices.c.device_id == device_id)).scalar()
-        if dev is None:
+        node = conn.execute(sa.select(t.devices.c.node_id).where(t.devices.c.device_id == device_id)).scalar()
+        if node is None:
             raise NotFound(f"device {device_id!r}")
-        q = (
-            sa.select(t.device_samples.c.ts, t.metrics.c.name.label("metric"), t.device_samples.c.value)
-            .join(t.metrics, t.metrics.c.id == t.device_samples.c.metric)
-            .where(t.device_samples.c.device == dev)
-            .order_by(t.device_samples.c.ts, t.metrics.c.name)
+        layouts = {}
+        for lay in conn.execute(sa.select(t.sample_layouts).where(t.sample_layouts.c.node_id == node)):
+            devices, metrics = json.loads(lay.device_ids), json.loads(lay.metrics)
+            if device_id in devices and (metric is None or metric in metrics):
+                layouts[lay.id] = (devices.index(device_id), metrics, len(devices))
+        if metric is not None and not layouts:
+            known = conn.execute(sa.select(t.sample_layouts.c.metrics)).scalars().all()
+            if not any(metric in json.loads(m) for m in known):
+                raise NotFound(f"metric {metric!r}")
+        if not layouts:
+            return []
+        fq = (
+            sa.select(t.sample_frames.c.layout, t.sample_frames.c.ts, t.sample_frames.c["values"])
+            .where(t.sample_frames.c.layout.in_(list(layouts)))
+            .order_by(t.sample_frames.c.ts)
             .limit(rng.limit)
         )
-        if metric is not None:
-            mid = conn.execute(sa.select(t.metrics.c.id).where(t.metrics.c.name == metric)).scalar()
-            if mid is None:
-                raise NotFound(f"metric {metric!r}")
-            q = q.where(t.device_samples.c.metric == mid)
         if rng.start is not None:
-            q = q.where(t.device_samples.c.ts >= rng.start)
+            fq = fq.where(t.sample_frames.c.ts >= rng.start)
         if rng.end is not None:
-            q = q.where(t.device_samples.c.ts < rng.end)
-        return [dict(r) for r in conn.execute(q).mappings().all()]
+            fq = fq.where(t.sample_frames.c.ts < rng.end)
+        frames = conn.execute(fq).all()
+    out: list[dict] = []
+    for layout, ts, blob in frames:
+        di, metrics, n_dev = layouts[layout]
+        row = np.frombuffer(blob, dtype="<f4").reshape(n_dev, len(metrics))[di]
+        for mi in sorted(range(len(metrics)), key=lambda i: metrics[i]):
+            if (metric is None or metrics[mi] == metric) and np.isfinite(row[mi]):
+                out.append({"ts": ts, "metric": metrics[mi], "value": float(row[mi])})
+    return out[: rng.limit]
 
 
 def metric_names(engine: Engine) -> list[str]:
     with engine.connect() as conn:
-        return list(conn.execute(sa.select(t.metrics.c.name).order_by(t.metrics.c.name)).scalars())
+        rows = conn.execute(sa.select(t.sample_layouts.c.metrics)).scalars().all()
+    return sorted({m for r in rows for m in json.loads(r)})
+
+
+def sample_count(engine: Engine) -> int:
+    """Measured (non-NaN) raw samples stored; decodes every frame (tests and benchmarks)."""
+    total = 0
+    with engine.connect() as conn:
+        for (blob,) in conn.execute(sa.select(t.sample_frames.c["values"])):
+            total += int(np.isfinite(np.frombuffer(blob, dtype="<f4")).sum())
+    return total
 
 
 def _decode_counts(row) -> np.ndarray:

@@ -49,13 +49,6 @@ devices = sa.Table(
 )
 sa.Index("ix_devices_node", devices.c.node_id)
 
-metrics = sa.Table(
-    "metrics",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("name", sa.String(96), nullable=False, unique=True),
-)
-
 # One row per agent message stored, for deduplication of resends by (node, seq).
 received = sa.Table(
     "received",
@@ -65,25 +58,37 @@ received = sa.Table(
     sa.Column("received_at", sa.Float, nullable=False),
 )
 
-# Narrow raw time series: one row per (device, metric, timestamp).
-device_samples = sa.Table(
-    "device_samples",
+# Raw device telemetry, compact: one row per (node, sampling round) holding the whole
+# [D, M] float32 matrix of that round. The row's layout names its devices and metrics.
+# About 4-5 bytes per sample with 8 devices x 16 metrics (see docs/benchmarks.md).
+sample_layouts = sa.Table(
+    "sample_layouts",
     metadata,
-    sa.Column("device", sa.Integer, nullable=False),  # devices.id
-    sa.Column("metric", sa.Integer, nullable=False),  # metrics.id
-    sa.Column("ts", sa.Float, nullable=False),
-    sa.Column("value", sa.Float, nullable=False),
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("key", sa.String(64), nullable=False, unique=True),  # sha256 of node|devices|metrics
+    sa.Column("node_id", sa.String(128), nullable=False),
+    sa.Column("device_ids", sa.Text, nullable=False),  # JSON list, D entries
+    sa.Column("metrics", sa.Text, nullable=False),  # JSON list, M entries
 )
-sa.Index("ix_device_samples_dmt", device_samples.c.device, device_samples.c.metric, device_samples.c.ts)
+sa.Index("ix_sample_layouts_node", sample_layouts.c.node_id)
 
-# Latest value of each (device, metric): what live views read.
-device_latest = sa.Table(
-    "device_latest",
+sample_frames = sa.Table(
+    "sample_frames",
     metadata,
-    sa.Column("device", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("metric", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("layout", sa.Integer, nullable=False),  # sample_layouts.id
+    sa.Column("ts", sa.Float, nullable=False),  # unix seconds of the round
+    sa.Column("values", sa.LargeBinary, nullable=False),  # float32 [D, M] LE; NaN = not measured
+)
+sa.Index("ix_sample_frames_layout_ts", sample_frames.c.layout, sample_frames.c.ts)
+
+# The newest frame of each node: what live views read (one upsert per round).
+node_latest = sa.Table(
+    "node_latest",
+    metadata,
+    sa.Column("node_id", sa.String(128), primary_key=True),
+    sa.Column("layout", sa.Integer, nullable=False),
     sa.Column("ts", sa.Float, nullable=False),
-    sa.Column("value", sa.Float, nullable=False),
+    sa.Column("values", sa.LargeBinary, nullable=False),
 )
 
 # Which node contributed to which step: deduplicates loads by (job, node, step).
@@ -234,6 +239,7 @@ offload_policies = sa.Table(
     sa.Column("mode", sa.String(16), nullable=False, server_default="auto"),
     sa.Column("high_watermark", sa.Float, nullable=False),
     sa.Column("low_watermark", sa.Float, nullable=False),
+    sa.Column("decision_timeout_s", sa.Float, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),
     sa.CheckConstraint(
         "low_watermark > 0 AND low_watermark < high_watermark AND high_watermark <= 1",

@@ -9,6 +9,8 @@ commits in one transaction: the caller acknowledges only after it returns.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
@@ -36,17 +38,21 @@ def dialect_insert(conn: Connection, table: sa.Table):
     return insert(table)
 
 
+def layout_key(node_id: str, device_ids: Sequence[str], metrics: Sequence[str]) -> str:
+    text = json.dumps([node_id, list(device_ids), list(metrics)])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def _ranks_text(ranks: Iterable[int]) -> str:
     return ",".join(str(r) for r in ranks)
 
 
 class StoreWriter:
-    """Writes records; caches device and metric ids (both only ever grow)."""
+    """Writes records; caches sample-layout ids (they only ever grow)."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._device_ids: dict[str, int] = {}
-        self._metric_ids: dict[str, int] = {}
+        self._layouts: dict[str, int] = {}
 
     # ------------------------------------------------------------------ registration
     def register_hello(self, hello: HelloRecord) -> int:
@@ -98,15 +104,9 @@ class StoreWriter:
                         },
                     )
                 )
-            ids = conn.execute(
-                sa.select(t.devices.c.device_id, t.devices.c.id).where(
-                    t.devices.c.node_id == hello.node_id
-                )
-            ).all()
             max_seq = conn.execute(
                 sa.select(sa.func.max(t.received.c.seq)).where(t.received.c.node_id == hello.node_id)
             ).scalar()
-        self._device_ids.update({d: i for d, i in ids})
         return int(max_seq or 0)
 
     def _upsert_job(self, conn: Connection, job_id: str, job, ts: float) -> None:
@@ -140,29 +140,31 @@ class StoreWriter:
             ).first()
         return None if row is None else (row.layers, row.experts)
 
-    def ensure_metrics(self, names: Sequence[str]) -> list[int]:
-        """Ids of metric names, creating the missing ones (own transaction)."""
-        missing = [n for n in names if n not in self._metric_ids]
-        if missing:
-            with self.engine.begin() as conn:
-                ins = dialect_insert(conn, t.metrics)
-                for name in missing:
-                    conn.execute(ins.values(name=name).on_conflict_do_nothing(index_elements=[t.metrics.c.name]))
-                rows = conn.execute(
-                    sa.select(t.metrics.c.name, t.metrics.c.id).where(t.metrics.c.name.in_(missing))
-                ).all()
-            self._metric_ids.update({n: i for n, i in rows})
-        return [self._metric_ids[n] for n in names]
-
-    def device_pk(self, device_id: str) -> int | None:
-        return self._device_ids.get(device_id)
+    def layout_id(self, node_id: str, device_ids: Sequence[str], metrics: Sequence[str]) -> int:
+        """Id of the (node, devices, metrics) layout of a sample frame; created when new."""
+        key = layout_key(node_id, device_ids, metrics)
+        cached = self._layouts.get(key)
+        if cached is not None:
+            return cached
+        with self.engine.begin() as conn:
+            conn.execute(
+                dialect_insert(conn, t.sample_layouts)
+                .values(key=key, node_id=node_id, device_ids=json.dumps(list(device_ids)),
+                        metrics=json.dumps(list(metrics)))
+                .on_conflict_do_nothing(index_elements=[t.sample_layouts.c.key])
+            )
+            lid = conn.execute(sa.select(t.sample_layouts.c.id).where(t.sample_layouts.c.key == key)).scalar_one()
+        self._layouts[key] = lid
+        return lid
 
     # ------------------------------------------------------------------ batched writes
     def write(self, records: Sequence[SequencedRecord]) -> list[bool]:
         """Store a batch in one transaction. Returns, per record, whether it was a duplicate."""
-        for rec in records:
-            if isinstance(rec, SamplesRecord):
-                self.ensure_metrics(rec.metrics)
+        layouts = {
+            id(rec): self.layout_id(rec.node_id, rec.device_ids, rec.metrics)
+            for rec in records
+            if isinstance(rec, SamplesRecord)
+        }
         duplicate = [False] * len(records)
         with self.engine.begin() as conn:
             fresh_loads: list[LoadsRecord] = []
@@ -171,7 +173,7 @@ class StoreWriter:
                     duplicate[i] = True
                     continue
                 if isinstance(rec, SamplesRecord):
-                    self._write_samples(conn, rec)
+                    self._write_samples(conn, rec, layouts[id(rec)])
                 elif isinstance(rec, LoadsRecord):
                     if self._claim_load_part(conn, rec):
                         fresh_loads.append(rec)
@@ -191,27 +193,16 @@ class StoreWriter:
         ).first()
         return row is not None
 
-    def _write_samples(self, conn: Connection, rec: SamplesRecord) -> None:
-        metric_ids = [self._metric_ids[m] for m in rec.metrics]
-        device_pks = [self._device_ids[d] for d in rec.device_ids]
-        rows = []
-        values = rec.values
-        finite = np.isfinite(values)
-        for di, dpk in enumerate(device_pks):
-            for mi, mid in enumerate(metric_ids):
-                if finite[di, mi]:
-                    rows.append({"device": dpk, "metric": mid, "ts": rec.ts, "value": float(values[di, mi])})
-        if not rows:
-            return
-        conn.execute(sa.insert(t.device_samples), rows)
-        ins = dialect_insert(conn, t.device_latest)
+    def _write_samples(self, conn: Connection, rec: SamplesRecord, layout: int) -> None:
+        blob = np.ascontiguousarray(rec.values, dtype="<f4").tobytes()
+        conn.execute(sa.insert(t.sample_frames).values(layout=layout, ts=rec.ts, values=blob))
+        ins = dialect_insert(conn, t.node_latest)
         conn.execute(
-            ins.on_conflict_do_update(
-                index_elements=[t.device_latest.c.device, t.device_latest.c.metric],
-                set_={"ts": ins.excluded.ts, "value": ins.excluded.value},
-                where=t.device_latest.c.ts <= ins.excluded.ts,
-            ),
-            rows,
+            ins.values(node_id=rec.node_id, layout=layout, ts=rec.ts, values=blob).on_conflict_do_update(
+                index_elements=[t.node_latest.c.node_id],
+                set_={"layout": layout, "ts": rec.ts, "values": blob},
+                where=t.node_latest.c.ts <= rec.ts,
+            )
         )
 
     def _claim_load_part(self, conn: Connection, rec: LoadsRecord) -> bool:

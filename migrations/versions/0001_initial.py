@@ -1,4 +1,4 @@
-"""Initial schema: jobs, nodes, devices, metrics, raw samples, expert loads, step statistics.
+"""Initial schema: jobs, nodes, devices, compact sample frames, expert loads, step statistics.
 
 Revision ID: 0001
 Revises:
@@ -49,30 +49,33 @@ def upgrade() -> None:
     )
     op.create_index("ix_devices_node", "devices", ["node_id"])
     op.create_table(
-        "metrics",
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("name", sa.String(96), nullable=False, unique=True),
-    )
-    op.create_table(
         "received",
         sa.Column("node_id", sa.String(128), primary_key=True),
         sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
         sa.Column("received_at", sa.Float, nullable=False),
     )
     op.create_table(
-        "device_samples",
-        sa.Column("device", sa.Integer, nullable=False),
-        sa.Column("metric", sa.Integer, nullable=False),
-        sa.Column("ts", sa.Float, nullable=False),
-        sa.Column("value", sa.Float, nullable=False),
+        "sample_layouts",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("key", sa.String(64), nullable=False, unique=True),
+        sa.Column("node_id", sa.String(128), nullable=False),
+        sa.Column("device_ids", sa.Text, nullable=False),
+        sa.Column("metrics", sa.Text, nullable=False),
     )
-    op.create_index("ix_device_samples_dmt", "device_samples", ["device", "metric", "ts"])
+    op.create_index("ix_sample_layouts_node", "sample_layouts", ["node_id"])
     op.create_table(
-        "device_latest",
-        sa.Column("device", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("metric", sa.Integer, primary_key=True, autoincrement=False),
+        "sample_frames",
+        sa.Column("layout", sa.Integer, nullable=False),
         sa.Column("ts", sa.Float, nullable=False),
-        sa.Column("value", sa.Float, nullable=False),
+        sa.Column("values", sa.LargeBinary, nullable=False),
+    )
+    op.create_index("ix_sample_frames_layout_ts", "sample_frames", ["layout", "ts"])
+    op.create_table(
+        "node_latest",
+        sa.Column("node_id", sa.String(128), primary_key=True),
+        sa.Column("layout", sa.Integer, nullable=False),
+        sa.Column("ts", sa.Float, nullable=False),
+        sa.Column("values", sa.LargeBinary, nullable=False),
     )
     op.create_table(
         "load_parts",
@@ -111,10 +114,10 @@ def downgrade() -> None:
         "step_stats",
         "expert_loads",
         "load_parts",
-        "device_latest",
-        "device_samples",
+        "node_latest",
+        "sample_frames",
+        "sample_layouts",
         "received",
-        "metrics",
         "devices",
         "nodes",
         "jobs",

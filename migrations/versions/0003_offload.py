@@ -49,6 +49,7 @@ def upgrade() -> None:
         sa.Column("mode", sa.String(16), nullable=False, server_default="auto"),
         sa.Column("high_watermark", sa.Float, nullable=False),
         sa.Column("low_watermark", sa.Float, nullable=False),
+        sa.Column("decision_timeout_s", sa.Float, nullable=False),
         sa.Column("updated_at", sa.Float, nullable=False),
         sa.CheckConstraint(
             "low_watermark > 0 AND low_watermark < high_watermark AND high_watermark <= 1",

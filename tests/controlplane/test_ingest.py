@@ -42,7 +42,7 @@ def test_hello_samples_loads_are_stored_and_acked(database_url):
         np.testing.assert_array_equal(latest["counts"], counts[0] + counts[1])
         values = q.latest_device_values(engine, "job-1")
         assert values["node-0/gpu1"]["metrics"]["memory_used_bytes"] == 2e9
-        assert q.count_rows(engine, "device_samples") == 6
+        assert q.sample_count(engine) == 6
 
 
 def test_resend_after_reconnect_is_stored_once(database_url):
@@ -64,7 +64,7 @@ def test_resend_after_reconnect_is_stored_once(database_url):
         assert acks[1].duplicate and acks[2].duplicate
         assert config.resume_after_seq == 2
         engine = srv["engine"]
-        assert q.count_rows(engine, "device_samples") == 6
+        assert q.sample_count(engine) == 6
         np.testing.assert_array_equal(q.latest_loads(engine, "job-1")["counts"], counts)
 
 
