@@ -104,3 +104,33 @@ def test_a_rank_that_never_reports_is_listed_missing_after_the_deadline(ingest, 
         assert stop(agent) == 0
     msg = next(iter(ingest.store.loads.values()))
     assert list(msg.missing_ranks) == [2]
+
+
+@pytest.mark.slow
+def test_control_plane_outage_during_a_job_loses_no_step_and_stores_each_once(
+        ingest, tmp_path):
+    agents = [start_agent(tmp_path, ingest.port, f"node-{i}", "--job-id", "j1",
+                          "--ranks", f"{i * G}-{i * G + G - 1}", "--step-deadline", "5")
+              for i in range(2)]
+    sim = None
+    try:
+        for i, a in enumerate(agents):
+            wait_path(tmp_path / f"node-{i}.sock", a)
+        sim = start_simulate(tmp_path, "--steps", "40")
+        ingest.wait_for(lambda s: len(s.loads) >= 2 * 5)
+        ingest.stop()
+        before = len(ingest.store.loads)
+        assert sim.wait(30) == 0  # the job ran on while the control plane was down
+        ingest.start()
+        ingest.wait_for(lambda s: len(s.loads) == 2 * 40 and len(s.step_stats) == 2 * G * 40)
+    finally:
+        if sim is not None and sim.poll() is None:
+            stop(sim)
+        for a in agents:
+            assert stop(a) == 0
+    store = ingest.store
+    assert before < 2 * 40
+    kinds = [(node, m.WhichOneof("body"), m.loads.step) for (node, _), m in store.stored.items()
+             if m.WhichOneof("body") == "loads"]
+    assert len(kinds) == len(set(kinds)) == 2 * 40  # every step of every node stored once
+    assert sorted({s for (_, _, s) in store.loads}) == list(range(40))
