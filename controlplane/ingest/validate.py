@@ -132,8 +132,10 @@ def loads_record(msg: pb.ExpertLoads, *, node_id: str, seq: int, job: JobShape |
         raise WireError("loads.counts.shape", f"must be non-empty [L, E], got {counts.shape}")
     if any(r < 0 for r in msg.ranks) or any(r < 0 for r in msg.missing_ranks):
         raise WireError("loads.ranks", "ranks must not be negative")
+    if len(set(msg.ranks)) != len(msg.ranks) or len(msg.ranks) > 256:
+        raise WireError("loads.ranks", "ranks must be unique, at most 256")
     return LoadsRecord(
-        node_id, seq, job_id, int(msg.step), ts, tuple(msg.ranks), tuple(msg.missing_ranks),
+        node_id, seq, job_id, int(msg.step), ts, tuple(sorted(msg.ranks)), tuple(sorted(msg.missing_ranks)),
         counts.astype(np.int64),
     )
 

@@ -91,14 +91,15 @@ node_latest = sa.Table(
     sa.Column("values", sa.LargeBinary, nullable=False),
 )
 
-# Which node contributed to which step: deduplicates loads by (job, node, step).
+# Which node (and ranks) contributed to which step: deduplicates loads by (job, step, node, ranks).
 load_parts = sa.Table(
     "load_parts",
     metadata,
     sa.Column("job_id", sa.String(128), primary_key=True),
     sa.Column("step", sa.BigInteger, primary_key=True, autoincrement=False),
     sa.Column("node_id", sa.String(128), primary_key=True),
-    sa.Column("ranks", sa.Text, nullable=False, server_default=""),
+    # ranks summed in this part ("0,1,..."): a node may report per rank or per node
+    sa.Column("ranks", sa.String(1024), primary_key=True),
     sa.Column("missing_ranks", sa.Text, nullable=False, server_default=""),
 )
 

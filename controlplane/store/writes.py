@@ -2,8 +2,8 @@
 
 Every sequenced record first claims its (node, seq) row in ``received`` with
 INSERT ... ON CONFLICT DO NOTHING RETURNING: a record whose claim returns nothing was stored
-before and is a duplicate. Loads are additionally deduplicated by (job, node, step), so a node
-that re-numbers after losing its spool still cannot count a step twice. Everything in one call
+before and is a duplicate. Loads are additionally deduplicated by (job, step, node, ranks), so
+a node that re-numbers after losing its spool still cannot count a step twice. Everything in one call
 commits in one transaction: the caller acknowledges only after it returns.
 """
 
@@ -216,7 +216,9 @@ class StoreWriter:
                 missing_ranks=_ranks_text(rec.missing_ranks),
             )
             .on_conflict_do_nothing(
-                index_elements=[t.load_parts.c.job_id, t.load_parts.c.step, t.load_parts.c.node_id]
+                index_elements=[
+                    t.load_parts.c.job_id, t.load_parts.c.step, t.load_parts.c.node_id, t.load_parts.c.ranks
+                ]
             )
             .returning(t.load_parts.c.step)
         ).first()

@@ -82,7 +82,7 @@ def upgrade() -> None:
         sa.Column("job_id", sa.String(128), primary_key=True),
         sa.Column("step", sa.BigInteger, primary_key=True, autoincrement=False),
         sa.Column("node_id", sa.String(128), primary_key=True),
-        sa.Column("ranks", sa.Text, nullable=False, server_default=""),
+        sa.Column("ranks", sa.String(1024), primary_key=True),
         sa.Column("missing_ranks", sa.Text, nullable=False, server_default=""),
     )
     op.create_table(
