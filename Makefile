@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/pip
 
-.PHONY: demo test test-fast services browser proto lint bench clean torch
+.PHONY: demo test test-fast services test-tools proto lint bench clean torch
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,13 +30,13 @@ proto: $(STAMP)
 services:
 	@scripts/start-services.sh
 
-browser:
-	@scripts/install-browser.sh
+test-tools:
+	@scripts/install-test-tools.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: $(STAMP) $(VENV)/.torch services browser
+test: $(STAMP) $(VENV)/.torch services test-tools
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
