@@ -2,8 +2,8 @@
 
 Every rank computes the same transfer list from (running placement, target placement) with
 :func:`agents.sdk.placement.migration_sources`. Slots that stay on a rank are copied locally;
-the others travel in one batched point-to-point round (``batch_isend_irecv``), one flat buffer
-per peer and dtype. Nothing running changes until :func:`commit`: :func:`stage` builds the new
+the others travel in one batched point-to-point round (``batch_isend_irecv``), received straight
+into the staged tensors. Nothing running changes until :func:`commit`: :func:`stage` builds the new
 tensors beside the old ones.
 
 Per slot, the moved tensors are the expert parameters and every optimizer-state tensor of the
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from agents.sdk.comm import exchange
+from agents.sdk.comm import global_rank
 from agents.sdk.moe import ExpertParallelMoE
 from agents.sdk.placement import migration_sources
 
@@ -57,17 +57,17 @@ def stage(
 ) -> Staged:
     """Build every block's slot tensors for ``phy2log[L, G*S]`` (a collective over ``group``).
 
-    The caller has validated ``phy2log``. Running tensors are only read.
+    The caller has validated ``phy2log``. Running tensors are only read. Remote slots are
+    received straight into the staged tensors (one message per slot tensor, all posted in one
+    ``batch_isend_irecv``; messages between a pair of ranks match in posting order, which both
+    sides derive from the same (block, slot) order).
     """
     rank = dist.get_rank(group)
     staged = Staged(phy2log=np.array(phy2log, dtype=np.int64))
-    sends: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}
-    recv_numels: dict[tuple[int, torch.dtype], int] = {}
-    unpack: list[tuple[int, int, int]] = []  # (source rank, block index, local slot)
-    all_tensors = [slot_tensors(b, optimizer) for b in blocks]
+    ops: list[dist.P2POp] = []
     for i, block in enumerate(blocks):
         s = block.slots_per_rank
-        tensors = all_tensors[i]
+        tensors = slot_tensors(block, optimizer)
         new = [torch.empty_like(t) for t in tensors]
         staged.tensors.append(new)
         src = migration_sources(block.phy2log_row, staged.phy2log[i], s)
@@ -79,32 +79,19 @@ def stage(
                     n[slot - base].copy_(t[old_slot - base])
                 staged.slots_copied += 1
             elif src_rank == rank:
+                peer = global_rank(group, dst_rank)
                 for t in tensors:
-                    sends.setdefault((dst_rank, t.dtype), []).append(t[old_slot - base].reshape(-1))
+                    ops.append(dist.P2POp(dist.isend, t[old_slot - base], peer, group))
+                    staged.bytes_sent += t[0].numel() * t.element_size()
             elif dst_rank == rank:
-                unpack.append((src_rank, i, slot - base))
-                for t in tensors:
-                    key = (src_rank, t.dtype)
-                    recv_numels[key] = recv_numels.get(key, 0) + t[0].numel()
-    dtypes = sorted({t.dtype for ts in all_tensors for t in ts}, key=str)
-    device = all_tensors[0][0].device
-    received: dict[tuple[int, torch.dtype], torch.Tensor] = {}
-    for dtype in dtypes:
-        out = {r: torch.cat(v) for (r, d), v in sends.items() if d == dtype}
-        want = {r: n for (r, d), n in recv_numels.items() if d == dtype}
-        got = exchange(out, want, dtype=dtype, device=device, group=group)
-        staged.bytes_sent += sum(t.numel() * t.element_size() for t in out.values())
-        staged.bytes_received += sum(t.numel() * t.element_size() for t in got.values())
-        received.update({(r, dtype): t for r, t in got.items()})
-    offsets: dict[tuple[int, torch.dtype], int] = {}
-    for src_rank, i, local in unpack:
-        for n in staged.tensors[i]:
-            key = (src_rank, n.dtype)
-            at = offsets.get(key, 0)
-            width = n[0].numel()
-            n[local].copy_(received[key][at : at + width].view_as(n[local]))
-            offsets[key] = at + width
-        staged.slots_received += 1
+                peer = global_rank(group, src_rank)
+                for n in new:
+                    ops.append(dist.P2POp(dist.irecv, n[slot - base], peer, group))
+                    staged.bytes_received += n[0].numel() * n.element_size()
+                staged.slots_received += 1
+    if ops:
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
     return staged
 
 
