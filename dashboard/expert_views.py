@@ -178,8 +178,10 @@ def placement_figure(counts: np.ndarray, phy2log: np.ndarray, ranks: int, layer:
             "title": {"text": f"Placement of layer {layer} (expert id per slot, * = replicated)"},
             "height": min(720, max(260, 60 + 18 * ranks)),
             "margin": {"l": 50, "r": 20, "t": 40, "b": 40},
-            "xaxis": {"title": {"text": "slot on rank"}, "dtick": 1},
-            "yaxis": {"title": {"text": "EP rank"}, "autorange": "reversed", "dtick": 1},
+            # one tick per slot/rank only while few: thousands of tick labels cost seconds to lay out
+            "xaxis": {"title": {"text": "slot on rank"}, "dtick": 1 if ids.shape[1] <= 64 else None},
+            "yaxis": {"title": {"text": "EP rank"}, "autorange": "reversed",
+                      "dtick": 1 if ranks <= 64 else None},
         },
     }
 

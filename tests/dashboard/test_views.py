@@ -143,3 +143,11 @@ def test_step_time_figure_aggregates_ranks_per_step():
     fig = step_time_figure(rows, "s")
     assert fig["data"][0]["y"] == [2.0, 2.0] and fig["data"][1]["y"] == [3.0, 2.0]
     assert fig["data"][2]["y"] == pytest.approx([20.0, 0.0])
+
+
+def test_placement_figure_at_1024_ranks_avoids_per_rank_ticks_and_labels():
+    # Thousands of tick labels or cell labels cost seconds of layout in the browser.
+    counts = np.ones((2, 256), dtype=np.int64)
+    fig = placement_figure(counts, identity_phy2log(2, 256, 1024), 1024, 1)
+    assert fig["layout"]["yaxis"]["dtick"] is None and fig["data"][0]["texttemplate"] is None
+    assert fig["layout"]["height"] <= 720
