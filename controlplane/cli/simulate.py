@@ -15,25 +15,26 @@ def _positive(text: str) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "simulate", help="run a simulated MoE training job",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="N nodes x G ranks of a simulated MoE job in one process. Each rank "
                     "reports its per-step expert loads and step statistics to the agent of "
                     "its node (NodeLocal on a Unix socket) and applies placement plans.")
-    p.add_argument("--job-id", required=True)
-    p.add_argument("--nodes", type=_positive, default=2)
-    p.add_argument("--gpus-per-node", type=_positive, default=8)
+    p.add_argument("--job-id", required=True, help="id of the simulated job")
+    p.add_argument("--nodes", type=_positive, default=2, help="nodes N (one agent each)")
+    p.add_argument("--gpus-per-node", type=_positive, default=8, help="ranks per node G")
     p.add_argument("--layers", type=_positive, default=8, help="MoE layers L")
     p.add_argument("--experts", type=_positive, default=64, help="logical experts per layer E")
-    p.add_argument("--top-k", type=_positive, default=8)
+    p.add_argument("--top-k", type=_positive, default=8, help="experts per token")
     p.add_argument("--tokens-per-step", type=_positive, default=4096,
                    help="tokens each rank routes per step")
     p.add_argument("--step-time", type=float, default=1.0,
                    help="seconds per step at perfect balance (imbalance makes steps longer)")
     p.add_argument("--steps", type=int, default=0, help="steps to run; 0 runs until stopped")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--agent-socket-template", default="/tmp/moeplane-agent-{node}.sock",
                    help="socket of each node's agent; {node} is the node id, {i} its index")
     p.add_argument("--node-id-template", default="node-{i}",
-                   help="node ids, {i} = 0..N-1 (default %(default)s)")
+                   help="node ids, {i} = 0..N-1")
     p.add_argument("--attach-timeout", type=float, default=60.0,
                    help="seconds to wait for every rank to reach its agent")
     p.add_argument("--log-level", default="INFO")
