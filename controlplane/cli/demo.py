@@ -1,0 +1,32 @@
+"""``moeplane demo``: the main job on the embedded default, in one command.
+
+Starts a control plane (SQLite file + in-process bus), one node agent per simulated node, and a
+simulated MoE training job that reports through those agents and applies the plans the control
+plane pushes. Prints the URLs; Ctrl-C (or SIGTERM) stops every process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    p = sub.add_parser("demo", help="run control plane + agents + a simulated job", description=__doc__)
+    p.add_argument("--data-dir", default=".moeplane-demo", help="where the SQLite file, spools and logs go")
+    p.add_argument("--http-port", type=int, default=8080)
+    p.add_argument("--grpc-port", type=int, default=50051)
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--experts", type=int, default=48, help="logical experts per layer (48 on 32 ranks leaves 16 redundant slots)")
+    p.add_argument("--top-k", type=int, default=4)
+    p.add_argument("--step-time", type=float, default=1.0, help="seconds per simulated training step")
+    p.add_argument("--steps", type=int, default=0, help="steps to run (0: until stopped)")
+    p.add_argument("--fresh", action="store_true", help="delete the data directory first")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from controlplane.demo import Demo
+
+    return Demo(args).run()
