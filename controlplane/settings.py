@@ -5,6 +5,8 @@ Built explicitly (``Settings(...)``) by the app factory; nothing reads them at i
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///moeplane.sqlite"
@@ -32,3 +34,4 @@ class Settings(BaseSettings):
     max_message_bytes: int = 32 * 1024 * 1024
     dashboard: bool = True
     controller_interval_s: float = 0.5
+    rebalance_mode: Literal['auto', 'manual', ''] = ''  # sets the cluster default policy at start

@@ -205,6 +205,20 @@ async def set_policy(job_id: JobId, engine: EngineDep, body: Annotated[dict[str,
     return _policy_dict(policy)
 
 
+default_router = APIRouter(prefix="/api/v1", tags=["plans"])
+
+
+@default_router.get("/default-policy")
+async def get_default_policy(engine: EngineDep) -> dict[str, Any]:
+    """The rebalancing policy of jobs that have none of their own."""
+    return _policy_dict(await asyncio.to_thread(P.get_policy, engine, P.DEFAULT_POLICY))
+
+
+@default_router.put("/default-policy", responses=BAD)
+async def set_default_policy(engine: EngineDep, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+    return _policy_dict(await asyncio.to_thread(P.set_policy, engine, P.DEFAULT_POLICY, body))
+
+
 def _policy_dict(policy) -> dict[str, Any]:
     import json
 

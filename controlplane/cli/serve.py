@@ -17,6 +17,7 @@ def register(sub) -> None:
     p.add_argument("--http-host", help="REST/dashboard host (default 127.0.0.1)")
     p.add_argument("--http-port", type=int, help="REST/dashboard port (default 8080)")
     p.add_argument("--sample-interval", type=float, dest="sample_interval_s", help="seconds between device samples told to agents")
+    p.add_argument("--rebalance-mode", choices=["auto", "manual"], help="cluster default: plans applied automatically, or after operator approval")
     p.add_argument("--no-dashboard", action="store_false", dest="dashboard", default=None)
     p.set_defaults(func=main)
 

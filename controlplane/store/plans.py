@@ -53,19 +53,30 @@ def _now(clock: Callable[[], float] | None) -> float:
 # ---------------------------------------------------------------- policy
 
 
+DEFAULT_POLICY = "*"  # the job_policies row that jobs without their own row follow
+
+
 def get_policy(engine: Engine, job_id: str) -> RebalancePolicy:
+    """A job's policy: its own row, else the cluster default row, else built-in defaults."""
     with engine.connect() as conn:
-        if conn.execute(sa.select(t.jobs.c.job_id).where(t.jobs.c.job_id == job_id)).first() is None:
+        if job_id != DEFAULT_POLICY and conn.execute(
+            sa.select(t.jobs.c.job_id).where(t.jobs.c.job_id == job_id)
+        ).first() is None:
             raise NotFound(f"job {job_id!r}")
-        row = conn.execute(
-            sa.select(t.job_policies.c.mode, t.job_policies.c.settings).where(t.job_policies.c.job_id == job_id)
-        ).first()
+        rows = dict(
+            (r.job_id, r)
+            for r in conn.execute(
+                sa.select(t.job_policies).where(t.job_policies.c.job_id.in_([job_id, DEFAULT_POLICY]))
+            )
+        )
+    row = rows.get(job_id) or rows.get(DEFAULT_POLICY)
     if row is None:
         return RebalancePolicy()
     return RebalancePolicy.from_json(row.settings).updated(mode=row.mode)
 
 
 def set_policy(engine: Engine, job_id: str, changes: dict, clock=None) -> RebalancePolicy:
+    """Change some settings of a job's policy (``job_id`` "*": the cluster default)."""
     policy = get_policy(engine, job_id).updated(**changes)
     with engine.begin() as conn:
         ins = dialect_insert(conn, t.job_policies)
