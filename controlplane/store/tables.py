@@ -299,3 +299,76 @@ offload_events = sa.Table(
     sa.Column("detail", sa.Text, nullable=False, server_default=""),
 )
 sa.Index("ix_offload_events_decision", offload_events.c.decision_id)
+
+# ---------------------------------------------------------------- history and access (migration 0004)
+
+# API tokens (role viewer | operator | admin) and per-node agent tokens (role node, node_id set).
+# Only sha256(secret) is stored; the secret is shown once at creation.
+api_tokens = sa.Table(
+    "api_tokens",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(128), nullable=False, server_default=""),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("node_id", sa.String(128), nullable=True),
+    sa.Column("token_hash", sa.String(64), nullable=False, unique=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("revoked_at", sa.Float, nullable=True),
+)
+
+# Downsampled tiers. ``tier`` is the bucket width in seconds (60, 3600); ``bucket`` the bucket
+# start (unix s, a multiple of the width). Device samples per (tier, layout, bucket): stats
+# float32 [4, D, M] = count, mean, max, p95 of each cell over the bucket's frames.
+sample_rollups = sa.Table(
+    "sample_rollups",
+    metadata,
+    sa.Column("tier", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("layout", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("bucket", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("frames", sa.Integer, nullable=False),
+    sa.Column("stats", sa.LargeBinary, nullable=False),
+)
+sa.Index("ix_sample_rollups_tier_bucket", sample_rollups.c.tier, sample_rollups.c.bucket)
+
+# Step statistics per (job, tier, bucket): stats float64 [G, 8] per rank = count, step_time_s
+# mean/max/p95, host_bound_ratio mean/max/p95, tokens sum.
+step_rollups = sa.Table(
+    "step_rollups",
+    metadata,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("tier", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("bucket", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("step_first", sa.BigInteger, nullable=False),
+    sa.Column("step_last", sa.BigInteger, nullable=False),
+    sa.Column("ranks", sa.Integer, nullable=False),
+    sa.Column("stats", sa.LargeBinary, nullable=False),
+)
+
+# Expert loads per (job, tier, bucket): stats float64 [3, L, E] = sum, max, p95 over the steps.
+load_rollups = sa.Table(
+    "load_rollups",
+    metadata,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("tier", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("bucket", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("step_first", sa.BigInteger, nullable=False),
+    sa.Column("step_last", sa.BigInteger, nullable=False),
+    sa.Column("steps", sa.Integer, nullable=False),
+    sa.Column("layers", sa.Integer, nullable=False),
+    sa.Column("experts", sa.Integer, nullable=False),
+    sa.Column("stats", sa.LargeBinary, nullable=False),
+)
+
+# Watermark per (kind, tier): every bucket ending at or before done_until is rolled up.
+rollup_state = sa.Table(
+    "rollup_state",
+    metadata,
+    sa.Column("kind", sa.String(16), primary_key=True),  # samples | steps | loads
+    sa.Column("tier", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("done_until", sa.Float, nullable=False),
+)
+
+# Retention deletes by time.
+sa.Index("ix_sample_frames_ts", sample_frames.c.ts)
+sa.Index("ix_step_stats_job_ts", step_stats.c.job_id, step_stats.c.ts)
+sa.Index("ix_received_at", received.c.received_at)
