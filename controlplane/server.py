@@ -18,6 +18,7 @@ import uvicorn
 from controlplane.api.app import create_api
 from controlplane.bus import make_bus
 from controlplane.controller.leader import Leadership
+from controlplane.controller.offload import OffloadController
 from controlplane.controller.runner import Controller
 from controlplane.ingest.batcher import Batcher
 from controlplane.ingest.service import IngestService, JobCatalog
@@ -64,6 +65,10 @@ async def serve(
 
     await asyncio.to_thread(upgrade, settings.database_url)
     engine = make_engine(settings.database_url)
+    if settings.rebalance_mode:
+        from controlplane.store.plans import DEFAULT_POLICY, set_policy
+
+        await asyncio.to_thread(set_policy, engine, DEFAULT_POLICY, {"mode": settings.rebalance_mode})
     bus = make_bus(settings.redis_url)
     await bus.start()
     writer = StoreWriter(engine)
@@ -92,7 +97,13 @@ async def serve(
         interval_s=settings.controller_interval_s,
     )
     controller_task = asyncio.create_task(controller.run(stop), name="controller")
-    api = create_api(engine, ingest=ingest, batcher=batcher, bus=bus, bus_name=bus.name, controller=controller)
+    offload_controller = OffloadController(
+        engine, bus, Leadership(engine, holder=f"{socket.gethostname()}:{os.getpid()}"),
+        interval_s=settings.controller_interval_s,
+    )
+    offload_task = asyncio.create_task(offload_controller.run(stop), name="offload-controller")
+    api = create_api(engine, ingest=ingest, batcher=batcher, bus=bus, bus_name=bus.name, controller=controller,
+                     offload_controller=offload_controller)
     dashboard = settings.dashboard and _mount_dashboard(api, engine)
     http = uvicorn.Server(
         uvicorn.Config(
@@ -105,6 +116,7 @@ async def serve(
     if http_task.done():
         stop.set()
         await controller_task
+        await offload_task
         await grpc_server.stop(0)
         return 1
     grpc_host = settings.grpc_listen.rsplit(":", 1)[0]
@@ -128,6 +140,7 @@ async def serve(
     await http_task
     stop_task.cancel()
     await controller_task
+    await offload_task
     await batcher.stop()
     await bus.close()
     engine.dispose()

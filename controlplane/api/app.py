@@ -6,8 +6,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.engine import Engine
 
+from controlplane.api.offload import router as offload_router
+from controlplane.api.plans import default_router as default_policy_router
 from controlplane.api.plans import router as plans_router
 from controlplane.api.routes import router
+from controlplane.store.offload import DecisionConflict
 from controlplane.store.plans import PlanConflict
 from controlplane.store.queries import NotFound
 
@@ -24,13 +27,16 @@ def create_api(engine: Engine, **state) -> FastAPI:
         setattr(app.state, k, val)
     app.include_router(router)
     app.include_router(plans_router)
+    app.include_router(default_policy_router)
+    app.include_router(offload_router)
 
     @app.exception_handler(NotFound)
     async def _not_found(_request: Request, exc: NotFound):
         return JSONResponse(status_code=404, content={"detail": str(exc)})
 
     @app.exception_handler(PlanConflict)
-    async def _conflict(_request: Request, exc: PlanConflict):
+    @app.exception_handler(DecisionConflict)
+    async def _conflict(_request: Request, exc: PlanConflict | DecisionConflict):
         return JSONResponse(status_code=409, content={"detail": str(exc)})
 
     @app.exception_handler(ValueError)

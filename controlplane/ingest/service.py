@@ -3,7 +3,8 @@
 Up: hello first, then sequenced messages; each is validated, handed to the batcher, and
 acknowledged after its transaction commits (duplicates are acknowledged too, flagged). A bad
 message gets an Ack with INVALID_ARGUMENT naming the field; the stream goes on. Down: Config
-after hello, Acks, and placement plans published on the bus channel ``plans.<job>``.
+after hello, Acks, placement plans published on the bus channel ``plans.<job>``, and offload
+decisions published on ``offload.<job>`` for devices of the stream's node.
 Backpressure: at most ``max_in_flight`` unacknowledged messages per stream; past that the
 stream stops reading, and gRPC flow control slows the agent.
 """
@@ -19,9 +20,10 @@ from collections.abc import Callable
 import grpc
 
 from controlplane.controller.runner import plan_message
+from controlplane.ingest import memory as m
 from controlplane.ingest import validate as v
 from controlplane.ingest.batcher import Batcher
-from controlplane.store import plans
+from controlplane.store import offload, plans
 from controlplane.store.queries import NotFound
 from controlplane.store.records import MarkerRecord
 from controlplane.store.writes import StoreWriter
@@ -121,6 +123,8 @@ class _Stream:
         self.in_flight = asyncio.Semaphore(svc.max_in_flight)
         self.plan_task: asyncio.Task | None = None
         self.plan_sub = None
+        self.offload_task: asyncio.Task | None = None
+        self.offload_sub = None
 
     def ack(self, seq: int, code: int = OK, message: str = "", duplicate: bool = False) -> None:
         self.out.put_nowait(pb.ControlMessage(ack=pb.Ack(seq=seq, code=code, message=message, duplicate=duplicate)))
@@ -161,6 +165,7 @@ class _Stream:
         if hello.job_id != self.job_id:
             self.job_id = hello.job_id
             await self._follow_plans()
+            await self._follow_offload()
         self.out.put_nowait(
             pb.ControlMessage(
                 config=pb.Config(
@@ -172,6 +177,7 @@ class _Stream:
         )
         if self.job_id:
             await self.send_running_plan()
+            await self.send_pushed_offload()
 
     async def _follow_plans(self) -> None:
         if self.plan_sub is not None:
@@ -188,6 +194,23 @@ class _Stream:
                 self.out.put_nowait(pb.ControlMessage(plan=plan))
 
         self.plan_task = asyncio.create_task(forward())
+
+    async def _follow_offload(self) -> None:
+        if self.offload_sub is not None:
+            await self.offload_sub.close()
+            self.offload_sub = None
+        if not self.job_id:
+            return
+        self.offload_sub = await self.svc.bus.subscribe(f"offload.{self.job_id}")
+        sub = self.offload_sub
+
+        async def forward():
+            async for _channel, payload in sub:
+                decision = pb.OffloadDecision.FromString(payload)
+                if decision.device_id in self.devices:
+                    self.out.put_nowait(pb.ControlMessage(offload=decision))
+
+        self.offload_task = asyncio.create_task(forward())
 
     async def on_sequenced(self, kind: str, msg: pb.AgentMessage) -> None:
         seq = msg.seq
@@ -208,6 +231,12 @@ class _Stream:
             rec = v.step_stats_record(msg.step_stats, node_id=self.node_id, seq=seq, job_known=job is not None)
         elif kind == "plan_report":
             await self.on_plan_report(msg)
+            rec = MarkerRecord(self.node_id, seq)
+        elif kind == "memory":
+            await self.on_memory(msg)
+            rec = MarkerRecord(self.node_id, seq)
+        elif kind == "offload_report":
+            await self.on_offload_report(msg)
             rec = MarkerRecord(self.node_id, seq)
         else:  # pragma: no cover - every oneof member is handled above
             raise WireError("body", f"unexpected {kind}")
@@ -243,6 +272,38 @@ class _Stream:
         except PermissionError as exc:
             raise _Denied(str(exc)) from exc
 
+    async def on_memory(self, msg: pb.AgentMessage) -> None:
+        if msg.memory.job_id and msg.memory.job_id != self.job_id:
+            raise _Denied(f"node {self.node_id!r} is not part of job {msg.memory.job_id!r}")
+        node, profiles = m.profile_records(
+            msg.memory, node_id=self.node_id, job_id=self.job_id, known_devices=self.devices
+        )
+        await asyncio.to_thread(offload.save_profiles, self.svc.writer.engine, node, profiles)
+
+    async def on_offload_report(self, msg: pb.AgentMessage) -> None:
+        fields = m.report_fields(msg.offload_report)
+        try:
+            await asyncio.to_thread(
+                offload.record_report, self.svc.writer.engine, msg.offload_report.decision_id,
+                node_id=self.node_id, clock=self.svc.clock, **fields,
+            )
+        except NotFound as exc:
+            raise WireError("offload_report.decision_id", str(exc)) from exc
+        except PermissionError as exc:
+            raise _Denied(str(exc)) from exc
+        except ValueError as exc:
+            raise WireError("offload_report", str(exc)) from exc
+
+    async def send_pushed_offload(self) -> None:
+        """A (re)connecting agent gets the offload decisions still waiting for its devices."""
+        pushed = await asyncio.to_thread(
+            offload.list_decisions, self.svc.writer.engine, self.job_id,
+            status=offload.OffloadStatus.PUSHED, limit=1000,
+        )
+        for decision in reversed(pushed):
+            if decision["device_id"] in self.devices:
+                self.out.put_nowait(pb.ControlMessage(offload=m.decision_message(decision)))
+
     async def send_running_plan(self) -> None:
         """A (re)connecting agent gets the placement its job should run."""
         plan = await asyncio.to_thread(
@@ -259,6 +320,10 @@ class _Stream:
             await self.plan_sub.close()
         if self.plan_task is not None:
             self.plan_task.cancel()
+        if self.offload_sub is not None:
+            await self.offload_sub.close()
+        if self.offload_task is not None:
+            self.offload_task.cancel()
         if self.node_id is not None:
             n = self.svc.connected.get(self.node_id, 1) - 1
             if n <= 0:

@@ -1,0 +1,466 @@
+"""Memory offload in the store: latest profiles, offload policy, decisions and their lifecycle.
+
+Decision lifecycle (one device each): proposed → approved → pushed → applied | failed; also
+rejected (by an operator), superseded (a newer decision for the device came first) and
+advisory (nothing to push: "cannot meet the watermark", or a larger micro-batch suggested;
+shown, never applied). decision_id is global and increasing. Decisions made by a controller
+carry its leadership term; creating one checks the term is still current (fencing). The
+agent's report of an applied decision records the measured device peak and the bytes saved
+beside the predicted peak.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from controlplane.controller.offload_policy import OffloadPolicy
+from controlplane.store import tables as t
+from controlplane.store.queries import NotFound
+from controlplane.store.writes import dialect_insert
+
+
+class OffloadStatus(StrEnum):
+    PROPOSED = "proposed"
+    APPROVED = "approved"
+    PUSHED = "pushed"
+    APPLIED = "applied"
+    FAILED = "failed"
+    REJECTED = "rejected"
+    SUPERSEDED = "superseded"
+    ADVISORY = "advisory"
+
+
+OPEN = (OffloadStatus.PROPOSED, OffloadStatus.APPROVED)
+IN_FLIGHT = (OffloadStatus.PUSHED,)
+
+
+class DecisionConflict(Exception):
+    """A lifecycle step that the decision's state does not allow (REST: 409)."""
+
+
+class Fenced(Exception):
+    """The caller's leadership term is no longer current; it must not create decisions."""
+
+
+@dataclass(frozen=True)
+class NodeMemoryRecord:
+    """Free host memory of a node at one step (bytes)."""
+
+    job_id: str
+    node_id: str
+    step: int
+    ts: float
+    host_free_bytes: int
+
+
+@dataclass(frozen=True)
+class ProfileRecord:
+    """One device's validated memory profile at one step. Bytes are bytes, times seconds.
+
+    ``layers``: dicts with name, activation_bytes, forward_s, backward_s, parameter_bytes,
+    optimizer_bytes, in forward order. ``applied_actions``: "kind:layer" in effect.
+    """
+
+    job_id: str
+    device_id: str
+    node_id: str
+    rank: int
+    step: int
+    ts: float
+    capacity_bytes: int
+    used_bytes: int
+    parameters_bytes: int
+    gradients_bytes: int
+    optimizer_bytes: int
+    activations_peak_bytes: int
+    host_link_bytes_per_s: float
+    applied_actions: tuple[str, ...]
+    layers: tuple[dict, ...]
+
+
+def _now(clock: Callable[[], float] | None) -> float:
+    return (clock or time.time)()
+
+
+def _require_job(conn: Connection, job_id: str) -> None:
+    if conn.execute(sa.select(t.jobs.c.job_id).where(t.jobs.c.job_id == job_id)).first() is None:
+        raise NotFound(f"job {job_id!r}")
+
+
+# ---------------------------------------------------------------- policy
+
+
+def get_policy(engine: Engine, job_id: str) -> OffloadPolicy:
+    with engine.connect() as conn:
+        _require_job(conn, job_id)
+        row = conn.execute(
+            sa.select(t.offload_policies).where(t.offload_policies.c.job_id == job_id)
+        ).mappings().first()
+    if row is None:
+        return OffloadPolicy()
+    return OffloadPolicy(mode=row["mode"], high_watermark=row["high_watermark"],
+                         low_watermark=row["low_watermark"], decision_timeout_s=row["decision_timeout_s"])
+
+
+def set_policy(engine: Engine, job_id: str, changes: dict, clock=None) -> OffloadPolicy:
+    """Apply ``changes`` (a subset of OffloadPolicy's fields); ValueError names a bad one."""
+    policy = get_policy(engine, job_id).updated(**changes)
+    with engine.begin() as conn:
+        values = policy.to_dict() | {"updated_at": _now(clock)}
+        ins = dialect_insert(conn, t.offload_policies)
+        conn.execute(
+            ins.values(job_id=job_id, **values).on_conflict_do_update(
+                index_elements=[t.offload_policies.c.job_id], set_=values
+            )
+        )
+    return policy
+
+
+def policy_updated_at(engine: Engine, job_id: str) -> float:
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.select(t.offload_policies.c.updated_at).where(t.offload_policies.c.job_id == job_id)
+        ).scalar() or 0.0
+
+
+# ---------------------------------------------------------------- profiles
+
+
+def save_profiles(engine: Engine, node: NodeMemoryRecord, profiles: list[ProfileRecord]) -> None:
+    """Upsert the latest profile of each device and the node's free host memory.
+
+    A row is replaced only by one of the same or a later step, so a resent old message never
+    overwrites newer data.
+    """
+    with engine.begin() as conn:
+        ins = dialect_insert(conn, t.node_memory)
+        values = {"step": node.step, "ts": node.ts, "host_free_bytes": node.host_free_bytes}
+        conn.execute(
+            ins.values(job_id=node.job_id, node_id=node.node_id, **values).on_conflict_do_update(
+                index_elements=[t.node_memory.c.job_id, t.node_memory.c.node_id], set_=values,
+                where=t.node_memory.c.step <= ins.excluded.step,
+            )
+        )
+        for p in profiles:
+            ins = dialect_insert(conn, t.memory_profiles)
+            values = {
+                "node_id": p.node_id, "rank": p.rank, "step": p.step, "ts": p.ts,
+                "capacity_bytes": p.capacity_bytes, "used_bytes": p.used_bytes,
+                "parameters_bytes": p.parameters_bytes, "gradients_bytes": p.gradients_bytes,
+                "optimizer_bytes": p.optimizer_bytes,
+                "activations_peak_bytes": p.activations_peak_bytes,
+                "host_link_bytes_per_s": p.host_link_bytes_per_s,
+                "applied_actions": ",".join(p.applied_actions),
+                "layers": json.dumps(list(p.layers), separators=(",", ":")),
+            }
+            conn.execute(
+                ins.values(job_id=p.job_id, device_id=p.device_id, **values).on_conflict_do_update(
+                    index_elements=[t.memory_profiles.c.job_id, t.memory_profiles.c.device_id],
+                    set_=values, where=t.memory_profiles.c.step <= ins.excluded.step,
+                )
+            )
+
+
+def _profile_dict(row) -> dict:
+    d = dict(row)
+    d["layers"] = json.loads(d["layers"])
+    d["applied_actions"] = [a for a in d["applied_actions"].split(",") if a]
+    return d
+
+
+def latest_profiles(engine: Engine, job_id: str, device_id: str | None = None) -> list[dict]:
+    """The latest memory profile of each device of the job, ordered by node, rank, device."""
+    q = sa.select(t.memory_profiles).where(t.memory_profiles.c.job_id == job_id)
+    if device_id is not None:
+        q = q.where(t.memory_profiles.c.device_id == device_id)
+    q = q.order_by(t.memory_profiles.c.node_id, t.memory_profiles.c.rank, t.memory_profiles.c.device_id)
+    with engine.connect() as conn:
+        return [_profile_dict(r) for r in conn.execute(q).mappings().all()]
+
+
+def node_memory(engine: Engine, job_id: str) -> dict[str, dict]:
+    """node_id -> {step, ts, host_free_bytes} of the job's nodes that sent profiles."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(t.node_memory).where(t.node_memory.c.job_id == job_id)).mappings().all()
+    return {r["node_id"]: dict(r) for r in rows}
+
+
+def profile_version(engine: Engine, job_id: str) -> tuple:
+    """Changes whenever a profile or the policy of the job changes (cheap change detection)."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.select(sa.func.count(), sa.func.max(t.memory_profiles.c.ts), sa.func.sum(t.memory_profiles.c.step))
+            .where(t.memory_profiles.c.job_id == job_id)
+        ).first()
+    return (*row, policy_updated_at(engine, job_id))
+
+
+# ---------------------------------------------------------------- decisions
+
+
+def _event(conn: Connection, decision_id: int, job_id: str, status: str, ts: float, *, node_id=None,
+           step=None, detail=""):
+    conn.execute(
+        sa.insert(t.offload_events).values(
+            decision_id=decision_id, job_id=job_id, ts=ts, status=str(status), node_id=node_id,
+            step=step, detail=detail,
+        )
+    )
+
+
+def create_decision(
+    engine: Engine,
+    job_id: str,
+    *,
+    device_id: str,
+    node_id: str,
+    rank: int,
+    verdict: str,
+    actions: list[dict],
+    undo: list[dict],
+    reason: str,
+    profile_step: int,
+    capacity_bytes: int,
+    used_bytes: int,
+    peak_now_bytes: int,
+    predicted_peak_bytes: int,
+    high_watermark_bytes: int,
+    low_watermark_bytes: int,
+    host_bytes: int,
+    overhead_s: float,
+    status: OffloadStatus = OffloadStatus.PROPOSED,
+    leader_term: int | None = None,
+    lease: str | None = None,
+    clock=None,
+) -> int:
+    """Insert a decision; open (proposed/approved) decisions of the device become superseded.
+
+    ``actions``: dicts with kind, layers, bytes_saved, host_bytes, overhead_s, prefetch (the
+    complete set to have in effect); ``undo``: dicts with kind, layer. With ``leader_term``
+    (checked against the lease row ``lease``, default the job id), raises Fenced if stale.
+    Returns the decision_id.
+    """
+    now = _now(clock)
+    signature = signature_of(verdict, actions)
+    with engine.begin() as conn:
+        if leader_term is not None:
+            term = conn.execute(
+                sa.select(t.job_leases.c.term).where(t.job_leases.c.job_id == (lease or job_id))
+                .with_for_update()
+            ).scalar()
+            if term != leader_term:
+                raise Fenced(f"job {job_id!r}: leadership term {leader_term} is stale (current {term})")
+        decision_id = conn.execute(
+            sa.insert(t.offload_decisions).values(
+                job_id=job_id, device_id=device_id, node_id=node_id, rank=rank, status=str(status),
+                verdict=verdict, signature=signature, actions=json.dumps(actions), undo=json.dumps(undo),
+                reason=reason, leader_term=leader_term or 0, profile_step=profile_step,
+                created_at=now, updated_at=now, capacity_bytes=capacity_bytes, used_bytes=used_bytes,
+                peak_now_bytes=peak_now_bytes, predicted_peak_bytes=predicted_peak_bytes,
+                high_watermark_bytes=high_watermark_bytes, low_watermark_bytes=low_watermark_bytes,
+                host_bytes=host_bytes, overhead_s=overhead_s,
+            )
+        ).inserted_primary_key[0]
+        stale = conn.execute(
+            sa.select(t.offload_decisions.c.decision_id).where(
+                t.offload_decisions.c.job_id == job_id, t.offload_decisions.c.device_id == device_id,
+                t.offload_decisions.c.decision_id != decision_id,
+                t.offload_decisions.c.status.in_([str(s) for s in OPEN]),
+            )
+        ).scalars().all()
+        for old in stale:
+            conn.execute(
+                sa.update(t.offload_decisions).where(t.offload_decisions.c.decision_id == old)
+                .values(status=str(OffloadStatus.SUPERSEDED), updated_at=now)
+            )
+            _event(conn, old, job_id, OffloadStatus.SUPERSEDED, now, detail=f"by decision {decision_id}")
+        _event(conn, decision_id, job_id, status, now, step=profile_step, detail=reason)
+    return int(decision_id)
+
+
+def signature_of(verdict: str, actions: list[dict]) -> str:
+    """Verdict and action set, order-free: two decisions with one signature ask the same."""
+    pairs = sorted(f"{a['kind']}:{layer}" for a in actions for layer in a["layers"])
+    return f"{verdict}|{','.join(pairs)}"
+
+
+def _decision_dict(row) -> dict:
+    d = dict(row)
+    d["actions"] = json.loads(d["actions"])
+    d["undo"] = json.loads(d["undo"])
+    return d
+
+
+def _select(job_id: str, decision_id: int):
+    return sa.select(t.offload_decisions).where(
+        t.offload_decisions.c.job_id == job_id, t.offload_decisions.c.decision_id == decision_id
+    )
+
+
+def get_decision(engine: Engine, job_id: str, decision_id: int) -> dict:
+    with engine.connect() as conn:
+        row = conn.execute(_select(job_id, decision_id)).mappings().first()
+    if row is None:
+        raise NotFound(f"offload decision {decision_id} of job {job_id!r}")
+    return _decision_dict(row)
+
+
+def list_decisions(engine: Engine, job_id: str, *, device_id: str | None = None,
+                   status: str | None = None, limit: int = 100) -> list[dict]:
+    """Newest first."""
+    q = sa.select(t.offload_decisions).where(t.offload_decisions.c.job_id == job_id)
+    if device_id is not None:
+        q = q.where(t.offload_decisions.c.device_id == device_id)
+    if status is not None:
+        q = q.where(t.offload_decisions.c.status == str(status))
+    q = q.order_by(t.offload_decisions.c.decision_id.desc()).limit(limit)
+    with engine.connect() as conn:
+        return [_decision_dict(r) for r in conn.execute(q).mappings().all()]
+
+
+def latest_per_device(engine: Engine, job_id: str) -> dict[str, dict]:
+    """device_id -> its newest decision (any status)."""
+    newest = (
+        sa.select(sa.func.max(t.offload_decisions.c.decision_id))
+        .where(t.offload_decisions.c.job_id == job_id)
+        .group_by(t.offload_decisions.c.device_id)
+    )
+    q = sa.select(t.offload_decisions).where(t.offload_decisions.c.decision_id.in_(newest))
+    with engine.connect() as conn:
+        return {r["device_id"]: _decision_dict(r) for r in conn.execute(q).mappings().all()}
+
+
+def decision_events(engine: Engine, decision_id: int) -> list[dict]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(t.offload_events.c.ts, t.offload_events.c.status, t.offload_events.c.node_id,
+                      t.offload_events.c.step, t.offload_events.c.detail)
+            .where(t.offload_events.c.decision_id == decision_id).order_by(t.offload_events.c.id)
+        ).mappings().all()
+    return [dict(r) for r in rows]
+
+
+def transition(
+    engine: Engine,
+    job_id: str,
+    decision_id: int,
+    to: OffloadStatus,
+    *,
+    allowed_from: tuple[OffloadStatus, ...],
+    detail: str = "",
+    node_id: str | None = None,
+    step: int | None = None,
+    clock=None,
+    **values,
+) -> dict:
+    """Move a decision to ``to`` if its status is in ``allowed_from``; else DecisionConflict."""
+    now = _now(clock)
+    with engine.begin() as conn:
+        row = conn.execute(
+            sa.select(t.offload_decisions.c.status).where(
+                t.offload_decisions.c.job_id == job_id, t.offload_decisions.c.decision_id == decision_id
+            ).with_for_update()
+        ).first()
+        if row is None:
+            raise NotFound(f"offload decision {decision_id} of job {job_id!r}")
+        if row.status not in [str(s) for s in allowed_from]:
+            raise DecisionConflict(
+                f"offload decision {decision_id} of job {job_id!r} is {row.status}; "
+                f"{to} needs one of {', '.join(str(s) for s in allowed_from)}"
+            )
+        conn.execute(
+            sa.update(t.offload_decisions).where(t.offload_decisions.c.decision_id == decision_id)
+            .values(status=str(to), updated_at=now, **values)
+        )
+        _event(conn, decision_id, job_id, to, now, node_id=node_id, step=step, detail=detail)
+    return get_decision(engine, job_id, decision_id)
+
+
+def record_report(
+    engine: Engine,
+    decision_id: int,
+    *,
+    job_id: str,
+    device_id: str,
+    node_id: str,
+    state: str,
+    step: int,
+    measured_used_bytes: int,
+    measured_saved_bytes: int,
+    error: str = "",
+    clock=None,
+) -> dict:
+    """An agent's report on a pushed decision. ``state``: received | applied | failed.
+
+    Raises NotFound for an unknown decision (or one of another job), ValueError naming the
+    field for a report that does not match the decision, PermissionError for a node other
+    than the decision's. A report on a decision no longer pushed is recorded as an event only.
+    """
+    now = _now(clock)
+    with engine.begin() as conn:
+        row = conn.execute(
+            sa.select(t.offload_decisions.c.status, t.offload_decisions.c.device_id,
+                      t.offload_decisions.c.node_id, t.offload_decisions.c.capacity_bytes)
+            .where(t.offload_decisions.c.job_id == job_id, t.offload_decisions.c.decision_id == decision_id)
+            .with_for_update()
+        ).first()
+        if row is None:
+            raise NotFound(f"offload decision {decision_id} of job {job_id!r}")
+        if row.node_id != node_id:
+            raise PermissionError(f"offload decision {decision_id} is for node {row.node_id!r}, not {node_id!r}")
+        if row.device_id != device_id:
+            raise ValueError(f"device_id: offload decision {decision_id} is for device {row.device_id!r}, "
+                             f"not {device_id!r}")
+        if state == "applied" and measured_used_bytes > row.capacity_bytes:
+            raise ValueError(f"measured_used_bytes: {measured_used_bytes} is more than the device's "
+                             f"capacity {row.capacity_bytes}")
+        detail = error or (f"used {measured_used_bytes} B, saved {measured_saved_bytes} B" if state == "applied" else "")
+        _event(conn, decision_id, job_id, f"node_{state}", now, node_id=node_id, step=step, detail=detail)
+        if row.status != str(OffloadStatus.PUSHED) or state == "received":
+            return {"status": row.status}
+        if state == "failed":
+            values = {"status": str(OffloadStatus.FAILED), "error": error, "updated_at": now}
+        else:
+            values = {"status": str(OffloadStatus.APPLIED), "applied_step": step, "updated_at": now,
+                      "measured_used_bytes": measured_used_bytes, "measured_saved_bytes": measured_saved_bytes}
+        conn.execute(sa.update(t.offload_decisions).where(t.offload_decisions.c.decision_id == decision_id)
+                     .values(**values))
+        _event(conn, decision_id, job_id, values["status"], now, node_id=node_id, step=step, detail=error)
+        return {"status": values["status"]}
+
+
+def memory_breakdown(engine: Engine, job_id: str, *, with_layers: bool = False) -> list[dict]:
+    """Each device's latest memory breakdown, for REST and the dashboard (bytes, seconds).
+
+    Per device: the profile's fields; ``other_bytes`` = used − (parameters + gradients +
+    optimizer + activations peak), floored at 0 (workspace, allocator cache, buffers);
+    ``host_free_bytes`` of its node; ``high_watermark_bytes``/``low_watermark_bytes`` under
+    the job's policy; ``decision``: its newest offload decision (id, status, verdict,
+    predicted_peak_bytes, measured_used_bytes, reason) or None. ``layers`` only with
+    ``with_layers``. Raises NotFound for an unknown job.
+    """
+    policy = get_policy(engine, job_id)
+    hosts = node_memory(engine, job_id)
+    newest = latest_per_device(engine, job_id)
+    out = []
+    for p in latest_profiles(engine, job_id):
+        explained = p["parameters_bytes"] + p["gradients_bytes"] + p["optimizer_bytes"] + p["activations_peak_bytes"]
+        d = {k: v for k, v in p.items() if with_layers or k != "layers"}
+        d["other_bytes"] = max(0, p["used_bytes"] - explained)
+        d["host_free_bytes"] = hosts.get(p["node_id"], {}).get("host_free_bytes")
+        d["high_watermark_bytes"] = int(policy.high_watermark * p["capacity_bytes"])
+        d["low_watermark_bytes"] = int(policy.low_watermark * p["capacity_bytes"])
+        dec = newest.get(p["device_id"])
+        d["decision"] = None if dec is None else {
+            k: dec[k] for k in ("decision_id", "status", "verdict", "predicted_peak_bytes",
+                                "measured_used_bytes", "reason")
+        }
+        out.append(d)
+    return out
