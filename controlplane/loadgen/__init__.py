@@ -1,0 +1,1 @@
+"""Load generator: many emulated node agents from few processes (``moeplane loadgen``)."""
