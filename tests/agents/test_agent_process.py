@@ -207,9 +207,11 @@ def test_sigint_exits_cleanly_while_disconnected(tmp_path):
 
 
 def test_plan_from_the_control_plane_reaches_a_report(ingest, tmp_path):
-    agent = start_agent(tmp_path, ingest.port, "node-0", "--job-id", "j1")
+    agent = start_agent(tmp_path, ingest.port, "node-0", "--job-id", "j1",
+                        env={"MOEPLANE_AGENT_TOKEN": "from-env"})
     try:
         ingest.wait_for(lambda s: s.connects >= 1 and len(samples_of(s)) >= 1)
+        assert ingest.snapshot(lambda s: s.metadata[0]["authorization"]) == "Bearer from-env"
         plan = pb.PlacementPlan(job_id="j1", epoch=3, slots_per_rank=1, not_before_step=5)
         ingest.send_plan(plan)
         report = ingest.wait_for(lambda s: [m.plan_report for _, m in s.stored.items()
