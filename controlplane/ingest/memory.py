@@ -148,8 +148,9 @@ def _engine_check(rec: ProfileRecord, host_free: int, field: str) -> None:
     try:
         validate([device], [NodeMemory(rec.node_id, host_free)], WatermarkPolicy())
         modelled = plan_from_applied(build_profile(device, 0), device.applied).peak()
-    except InputError as exc:
-        raise WireError(field, str(exc)) from exc
+    except InputError as exc:  # the engine names e.g. devices[0].applied[1]: name the wire field
+        where = exc.argument.removeprefix("devices[0]").replace(".applied[", ".applied_actions[")
+        raise WireError(field + (where if where.startswith(".") else ""), exc.problem) from exc
     if modelled > rec.capacity_bytes:
         raise WireError(f"{field}.layers", f"the layers need {modelled} bytes with the applied actions, "
                                            f"more than capacity_bytes {rec.capacity_bytes}")

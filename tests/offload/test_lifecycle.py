@@ -4,55 +4,22 @@ reports with measured memory, cannot-meet decisions with their reason."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
-import pytest
 
 from controlplane.wire import moeplane_pb2 as pb
 from tests import aio
-from tests.controlplane.agentclient import ScriptedAgent, hello
-from tests.offload.profiles import GIB, device_profile, memory, report
-
-G0, G1, H0 = "node-0/gpu0", "node-0/gpu1", "node-1/gpu0"
-
-
-def poll(fn, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def offloads(agent) -> list[pb.OffloadDecision]:
-    return [m.offload for m in agent.received if m.WhichOneof("body") == "offload"]
-
-
-@pytest.fixture
-def cluster(database_url):
-    from tests.controlplane.serverthread import running_server
-
-    with running_server(database_url, controller_interval_s=0.05) as srv:
-        http = httpx.Client(base_url=f"http://127.0.0.1:{srv['http_port']}/api/v1/jobs/job-1", timeout=10)
-        a0, a1 = ScriptedAgent(srv["grpc_port"], "node-0"), ScriptedAgent(srv["grpc_port"], "node-1")
-        for agent, node, ranks in ((a0, "node-0", [0, 1]), (a1, "node-1", [2, 3])):
-            aio.run(agent.__aenter__())
-            msg = hello(node, devices=2)
-            msg.hello.ranks[:] = ranks
-            agent.send(msg)
-            aio.run(agent.wait_for(lambda r: any(m.WhichOneof("body") == "config" for m in r)))
-        yield http, a0, a1
-        for agent in (a0, a1):
-            aio.run(agent.__aexit__(None, None, None))
-        http.close()
-
-
-def send(agent, msg) -> pb.Ack:
-    agent.send(msg)
-    return aio.run(agent.wait_acks([msg.seq]))[msg.seq]
+from tests.offload.profiles import (
+    G0,
+    G1,
+    GIB,
+    H0,
+    device_profile,
+    memory,
+    offloads,
+    poll,
+    report,
+    send,
+)
 
 
 def test_auto_pushes_to_the_devices_node_and_records_measured_memory(cluster):
