@@ -1,14 +1,40 @@
-"""Device collectors, chosen by name: ``sim``, ``host``, ``nvml``, ``ascend``."""
+"""Device collectors, chosen by name: ``sim``, ``host``, ``nvml``, ``ascend``, or ``auto``
+(NVML when an NVIDIA driver answers, else Ascend when ``npu-smi`` is on the PATH, else host)."""
 
 from __future__ import annotations
 
+import logging
+import shutil
+
 from agents.collectors.base import Collector, Device
 
-NAMES = ("sim", "host", "nvml", "ascend")
+log = logging.getLogger(__name__)
+
+NAMES = ("auto", "sim", "host", "nvml", "ascend")
+
+
+def detect() -> str:
+    """The collector this machine supports best: ``nvml``, ``ascend`` or ``host``."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+        if count:
+            return "nvml"
+    except Exception as exc:  # noqa: BLE001 - no module, no driver, no GPU: all mean "not nvml"
+        log.debug("NVML not usable: %s", exc)
+    if shutil.which("npu-smi"):
+        return "ascend"
+    return "host"
 
 
 def make_collector(name: str, node_id: str, *, devices: int = 8, seed: int = 0) -> Collector:
     """Build the collector called ``name`` for node ``node_id``."""
+    if name == "auto":
+        name = detect()
+        log.info("collector: %s (detected)", name)
     if name == "sim":
         from agents.collectors.sim import SimCollector
 

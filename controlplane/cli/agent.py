@@ -35,8 +35,9 @@ def register(subparsers) -> None:
                         "(default $MOEPLANE_AGENT_TOKEN)")
     p.add_argument("--tls", action="store_true", help="connect with TLS")
     p.add_argument("--tls-ca", default="", help="CA bundle for --tls (default: system roots)")
-    p.add_argument("--collector", default="sim", choices=("sim", "host", "nvml", "ascend"),
-                   help="device source (default %(default)s)")
+    p.add_argument("--collector", default="sim", choices=("auto", "sim", "host", "nvml", "ascend"),
+                   help="device source; auto detects NVML, then npu-smi, else host "
+                        "(default %(default)s)")
     p.add_argument("--devices", type=int, default=8, help="devices for --collector sim")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the sim collector and backoff jitter (default: from node id)")

@@ -33,8 +33,10 @@ class Store:
 
 
 class FakeIngest(pb_grpc.IngestServicer):
-    def __init__(self, port: int, sample_interval_s: float = 0.0):
+    def __init__(self, port: int, sample_interval_s: float = 0.0,
+                 tls: tuple[bytes, bytes] | None = None):
         self.port = port
+        self.tls = tls  # (private key PEM, certificate PEM)
         self.sample_interval_s = sample_interval_s
         self.store = Store()
         self.cond = threading.Condition()
@@ -69,7 +71,13 @@ class FakeIngest(pb_grpc.IngestServicer):
     async def _start(self) -> None:
         self.server = grpc.aio.server()
         pb_grpc.add_IngestServicer_to_server(self, self.server)
-        if self.server.add_insecure_port(f"127.0.0.1:{self.port}") == 0:
+        address = f"127.0.0.1:{self.port}"
+        if self.tls:
+            creds = grpc.ssl_server_credentials([self.tls])
+            bound = self.server.add_secure_port(address, creds)
+        else:
+            bound = self.server.add_insecure_port(address)
+        if bound == 0:
             raise OSError(f"port {self.port} busy")
         await self.server.start()
 

@@ -220,3 +220,21 @@ def test_plan_from_the_control_plane_reaches_a_report(ingest, tmp_path):
         assert stop(agent) == 0
     assert (report[0].job_id, report[0].epoch, report[0].state) == (
         "j1", 3, pb.PLAN_STATE_RECEIVED)
+
+
+def test_tls_with_a_private_ca_and_the_token(tmp_path):
+    import subprocess
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    server = FakeIngest(free_port(), tls=(key.read_bytes(), cert.read_bytes())).start()
+    agent = start_agent(tmp_path, server.port, "node-0", "--tls", "--tls-ca", str(cert),
+                        "--token", "t0k", host="localhost")  # the name in the certificate
+    try:
+        got = server.wait_for(lambda s: len(samples_of(s)) >= 2 and samples_of(s))
+    finally:
+        assert stop(agent) == 0
+        server.stop()
+    assert got and server.snapshot(lambda s: s.metadata[0]["authorization"]) == "Bearer t0k"

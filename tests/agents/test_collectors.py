@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -77,3 +79,15 @@ def test_samples_message_leaves_out_columns_never_measured():
 def test_make_collector_names_the_bad_choice():
     with pytest.raises(ValueError, match="collector must be one of"):
         make_collector("tpu", "n")
+
+
+def test_auto_detection_prefers_nvml_then_npu_smi_then_host(tmp_path, monkeypatch):
+    from agents.collectors import detect
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVIDIA driver bindings here
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert detect() == "host"
+    tool = tmp_path / "npu-smi"
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(0o755)
+    assert detect() == "ascend"
