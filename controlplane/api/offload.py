@@ -12,6 +12,7 @@ from controlplane.api.deps import EngineDep
 from controlplane.api.routes import BAD, NOT_FOUND, JobId
 from controlplane.api.schemas import ErrorBody
 from controlplane.controller import offload as controller
+from controlplane.store import memory_profiles as M
 from controlplane.store import offload as O
 from controlplane.store import queries as q
 
@@ -130,7 +131,7 @@ def _summary(d: dict) -> dict:
 async def memory(
     job_id: JobId, engine: EngineDep, layers: Annotated[bool, Query(description="include per-layer rows")] = False
 ) -> list[dict]:
-    return await asyncio.to_thread(O.memory_breakdown, engine, job_id, with_layers=layers)
+    return await asyncio.to_thread(M.memory_breakdown, engine, job_id, with_layers=layers)
 
 
 @router.get("/offload/decisions", response_model=list[DecisionSummary], responses=NOT_FOUND)

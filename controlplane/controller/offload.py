@@ -35,6 +35,7 @@ from controlplane.controller.leader import Leadership
 from controlplane.controller.policy import Mode
 from controlplane.ingest.memory import decision_message, device_memory
 from controlplane.memory import InputError, NodeMemory, OffloadDecision, Verdict, decide_offload
+from controlplane.store import memory_profiles as M
 from controlplane.store import offload as O
 from controlplane.store import queries as q
 
@@ -105,13 +106,13 @@ class OffloadController:
 
     def reconcile(self, job_id: str, term: int) -> list[bytes]:
         self._expire(job_id)
-        version = O.profile_version(self.engine, job_id)
+        version = M.profile_version(self.engine, job_id)
         if self._seen.get(job_id) == version or not version[0]:
             return []
         self._seen[job_id] = version
         policy = O.get_policy(self.engine, job_id)
-        profiles = O.latest_profiles(self.engine, job_id)
-        hosts = O.node_memory(self.engine, job_id)
+        profiles = M.latest_profiles(self.engine, job_id)
+        hosts = M.node_memory(self.engine, job_id)
         latest = O.latest_per_device(self.engine, job_id)
         out: list[bytes] = []
         notes: list[str] = []

@@ -30,7 +30,7 @@ from controlplane.memory import (
 )
 from controlplane.memory.model import build_profile, plan_from_applied
 from controlplane.memory.validation import validate
-from controlplane.store.offload import NodeMemoryRecord, ProfileRecord
+from controlplane.store.memory_profiles import NodeMemoryRecord, ProfileRecord
 from controlplane.wire import moeplane_pb2 as pb
 from controlplane.wire.arrays import WireError
 

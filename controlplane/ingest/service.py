@@ -23,7 +23,7 @@ from controlplane.controller.runner import plan_message
 from controlplane.ingest import memory as m
 from controlplane.ingest import validate as v
 from controlplane.ingest.batcher import Batcher
-from controlplane.store import offload, plans
+from controlplane.store import memory_profiles, offload, plans
 from controlplane.store.queries import NotFound
 from controlplane.store.records import MarkerRecord
 from controlplane.store.writes import StoreWriter
@@ -278,7 +278,7 @@ class _Stream:
         node, profiles = m.profile_records(
             msg.memory, node_id=self.node_id, job_id=self.job_id, known_devices=self.devices
         )
-        await asyncio.to_thread(offload.save_profiles, self.svc.writer.engine, node, profiles)
+        await asyncio.to_thread(memory_profiles.save_profiles, self.svc.writer.engine, node, profiles)
 
     async def on_offload_report(self, msg: pb.AgentMessage) -> None:
         fields = m.report_fields(msg.offload_report)

@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from controlplane.controller.leader import Leadership
 from controlplane.controller.offload import OffloadController, lease_name
 from controlplane.ingest.memory import profile_records
+from controlplane.store import memory_profiles as M
 from controlplane.store import offload as O
 from controlplane.store import tables as t
 from controlplane.store.engine import make_engine
@@ -41,7 +42,7 @@ def save(engine, *profiles: pb.MemoryProfile, step: int = 10) -> None:
                             devices=list(profiles))
     node, recs = profile_records(msg, node_id="node-0", job_id="job-1",
                                  known_devices={"node-0/gpu0", "node-0/gpu1"})
-    O.save_profiles(engine, node, recs)
+    M.save_profiles(engine, node, recs)
 
 
 def test_pushed_decision_times_out_and_fencing_stops_a_deposed_leader(database_url):
