@@ -238,3 +238,46 @@ def test_tls_with_a_private_ca_and_the_token(tmp_path):
         assert stop(agent) == 0
         server.stop()
     assert got and server.snapshot(lambda s: s.metadata[0]["authorization"]) == "Bearer t0k"
+
+
+def test_a_full_spool_drops_oldest_samples_and_reports_the_count(tmp_path):
+    port = free_port()
+    spool = tmp_path / "spool-node-0" / "spool.sqlite"
+    # ~2 KB of spool: a handful of sample rounds; nobody listens yet
+    agent = start_agent(tmp_path, port, "node-0", "--spool-max-mb", "0.002", interval=0.05)
+    server = None
+    try:
+        wait_spool(spool, lambda n: n >= 3)
+        dropped_rounds = 20  # sample rounds dropped while the control plane is away
+        wait_dropped(spool, dropped_rounds)
+        server = FakeIngest(port).start()
+        got = server.wait_for(lambda s: [m.samples for m in s.stored.values()
+                                         if m.WhichOneof("body") == "samples"
+                                         and "agent_spool_dropped_total" in m.samples.metrics])
+    finally:
+        assert stop(agent) == 0
+        if server is not None:
+            server.stop()
+    first = got[0]
+    col = list(first.metrics).index("agent_spool_dropped_total")
+    dropped = decode_array(first.values, "v")[:, col]
+    assert (dropped >= dropped_rounds).all()
+    assert server.snapshot(lambda s: len(samples_of(s))) < dropped_rounds
+
+
+def wait_dropped(spool_file, n: int, timeout: float = 20.0) -> None:
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        db = sqlite3.connect(f"file:{spool_file}?mode=ro", uri=True, timeout=5)
+        try:
+            row = db.execute("SELECT value FROM meta WHERE key = 'dropped_samples'").fetchone()
+        finally:
+            db.close()
+        if row and row[0] >= n:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"spool dropped {row} < {n} samples")
+        time.sleep(0.05)
