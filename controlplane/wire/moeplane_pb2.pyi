@@ -147,23 +147,27 @@ class PlanReport(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., epoch: _Optional[int] = ..., state: _Optional[_Union[PlanState, str]] = ..., step: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class LayerMemory(_message.Message):
-    __slots__ = ("name", "activation_bytes", "forward_s", "backward_s", "parameter_bytes", "optimizer_bytes")
+    __slots__ = ("name", "activation_bytes", "forward_s", "backward_s", "parameter_bytes", "optimizer_bytes", "input_bytes", "gradient_bytes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ACTIVATION_BYTES_FIELD_NUMBER: _ClassVar[int]
     FORWARD_S_FIELD_NUMBER: _ClassVar[int]
     BACKWARD_S_FIELD_NUMBER: _ClassVar[int]
     PARAMETER_BYTES_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GRADIENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     activation_bytes: int
     forward_s: float
     backward_s: float
     parameter_bytes: int
     optimizer_bytes: int
-    def __init__(self, name: _Optional[str] = ..., activation_bytes: _Optional[int] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., parameter_bytes: _Optional[int] = ..., optimizer_bytes: _Optional[int] = ...) -> None: ...
+    input_bytes: int
+    gradient_bytes: int
+    def __init__(self, name: _Optional[str] = ..., activation_bytes: _Optional[int] = ..., forward_s: _Optional[float] = ..., backward_s: _Optional[float] = ..., parameter_bytes: _Optional[int] = ..., optimizer_bytes: _Optional[int] = ..., input_bytes: _Optional[int] = ..., gradient_bytes: _Optional[int] = ...) -> None: ...
 
 class MemoryProfile(_message.Message):
-    __slots__ = ("device_id", "rank", "capacity_bytes", "used_bytes", "parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_peak_bytes", "layers", "host_link_bytes_per_s", "applied_actions")
+    __slots__ = ("device_id", "rank", "capacity_bytes", "used_bytes", "parameters_bytes", "gradients_bytes", "optimizer_bytes", "activations_peak_bytes", "layers", "host_link_bytes_per_s", "applied_actions", "micro_batch_size")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +179,7 @@ class MemoryProfile(_message.Message):
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     HOST_LINK_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     APPLIED_ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    MICRO_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     device_id: str
     rank: int
     capacity_bytes: int
@@ -186,7 +191,8 @@ class MemoryProfile(_message.Message):
     layers: _containers.RepeatedCompositeFieldContainer[LayerMemory]
     host_link_bytes_per_s: float
     applied_actions: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, device_id: _Optional[str] = ..., rank: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., parameters_bytes: _Optional[int] = ..., gradients_bytes: _Optional[int] = ..., optimizer_bytes: _Optional[int] = ..., activations_peak_bytes: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerMemory, _Mapping]]] = ..., host_link_bytes_per_s: _Optional[float] = ..., applied_actions: _Optional[_Iterable[str]] = ...) -> None: ...
+    micro_batch_size: int
+    def __init__(self, device_id: _Optional[str] = ..., rank: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., parameters_bytes: _Optional[int] = ..., gradients_bytes: _Optional[int] = ..., optimizer_bytes: _Optional[int] = ..., activations_peak_bytes: _Optional[int] = ..., layers: _Optional[_Iterable[_Union[LayerMemory, _Mapping]]] = ..., host_link_bytes_per_s: _Optional[float] = ..., applied_actions: _Optional[_Iterable[str]] = ..., micro_batch_size: _Optional[int] = ...) -> None: ...
 
 class MemoryProfiles(_message.Message):
     __slots__ = ("job_id", "step", "timestamp", "host_free_bytes", "devices")
