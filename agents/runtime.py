@@ -80,6 +80,9 @@ class Agent:
     def sample_once(self) -> int:
         """Take one sampling round and spool it; return its seq."""
         now = self.clock()
+        follow = getattr(self.collector, "follow_host_bound", None)
+        if follow is not None and self.node.host_bound:
+            follow(self.node.host_bound)  # the sim collector mirrors the ranks it serves
         values = self.collector.sample(now)
         names = list(self.collector.metrics)
         ids = [d.device_id for d in self.collector.devices]

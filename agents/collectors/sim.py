@@ -45,6 +45,13 @@ class SimCollector:
         self.temp = AMBIENT_C + C_PER_W * (IDLE_W + (TDP_W - IDLE_W) * self.util)
         self.last: float | None = None
 
+    def follow_host_bound(self, host_bound: dict[str, float]) -> None:
+        """Let a device that runs a rank drift toward ``0.95 - host_bound_ratio`` utilization
+        (a device waiting on its host computes less). host_bound: device_id -> [0, 1]."""
+        for i, d in enumerate(self.devices):
+            if d.device_id in host_bound:
+                self.util_mean[i] = float(np.clip(0.95 - host_bound[d.device_id], 0.05, 1.0))
+
     def sample(self, now: float) -> np.ndarray:
         """[D, M] float64 of ``metrics`` at unix time ``now``."""
         D = len(self.devices)

@@ -38,6 +38,14 @@ def test_sim_devices_are_consistent_slowly_varying_and_seeded():
     assert np.array_equal(again.sample(1000.0), rounds[0])
 
 
+def test_sim_device_running_a_host_bound_rank_drifts_to_lower_utilization():
+    c = SimCollector("n", devices=2, seed=3, util_tau_s=5.0)
+    c.follow_host_bound({"n/gpu1": 0.6})
+    rounds = np.array([c.sample(float(t)) for t in range(60)])
+    util = rounds[-10:, :, c.metrics.index(m.UTILIZATION_RATIO)].mean(axis=0)
+    assert util[1] == pytest.approx(0.35, abs=0.1) and util[0] > util[1] + 0.1
+
+
 def fake_sys(root, tx, rx, ib_words=None):
     for nic, (t, r) in {"eth0": (tx, rx), "lo": (10**12, 10**12)}.items():
         d = root / "class" / "net" / nic / "statistics"
