@@ -16,6 +16,8 @@ import grpc
 import uvicorn
 
 from controlplane.api.app import create_api
+from controlplane.auth.serving import OPEN_BANNER, add_grpc_port, open_mode_problem, tls_files
+from controlplane.auth.tokens import TokenStore
 from controlplane.bus import make_bus
 from controlplane.controller.leader import Leadership
 from controlplane.controller.offload import OffloadController
@@ -23,6 +25,7 @@ from controlplane.controller.runner import Controller
 from controlplane.ingest.batcher import Batcher
 from controlplane.ingest.service import IngestService, JobCatalog
 from controlplane.ingest.validate import JobShape
+from controlplane.retention import Retention, RetentionPolicy
 from controlplane.settings import Settings
 from controlplane.store.engine import make_engine
 from controlplane.store.migrate import upgrade
@@ -63,8 +66,18 @@ async def serve(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
 
+    problem = open_mode_problem(settings.auth, settings.http_host, settings.grpc_listen)
+    if problem:
+        print(f"moeplane serve: {problem}", file=sys.stderr, flush=True)
+        return 2
+    tls = tls_files(settings.tls_certfile, settings.tls_keyfile)
+    policy = RetentionPolicy(
+        raw_s=settings.raw_retention_s, loads_s=settings.loads_retention_s,
+        minute_s=settings.minute_retention_s, hour_s=settings.hour_retention_s, lag_s=settings.rollup_lag_s,
+    )
     await asyncio.to_thread(upgrade, settings.database_url)
     engine = make_engine(settings.database_url)
+    tokens = TokenStore(engine) if settings.auth else None
     if settings.rebalance_mode:
         from controlplane.store.plans import DEFAULT_POLICY, set_policy
 
@@ -80,7 +93,8 @@ async def serve(
         return None if shape is None else JobShape(*shape)
 
     ingest = IngestService(
-        writer, batcher, JobCatalog(load_shape), bus, sample_interval_s=settings.sample_interval_s
+        writer, batcher, JobCatalog(load_shape), bus, sample_interval_s=settings.sample_interval_s,
+        tokens=tokens,
     )
     grpc_server = grpc.aio.server(
         options=[
@@ -89,7 +103,7 @@ async def serve(
         ]
     )
     rpc.add_IngestServicer_to_server(ingest, grpc_server)
-    grpc_port = grpc_server.add_insecure_port(settings.grpc_listen)
+    grpc_port = add_grpc_port(grpc_server, settings.grpc_listen, tls)
     await grpc_server.start()
 
     controller = Controller(
@@ -102,12 +116,19 @@ async def serve(
         interval_s=settings.controller_interval_s,
     )
     offload_task = asyncio.create_task(offload_controller.run(stop), name="offload-controller")
+    retention = Retention(engine, policy)
+    retention_task = asyncio.create_task(
+        retention.run(stop, settings.retention_interval_s) if settings.retention_interval_s > 0 else stop.wait(),
+        name="retention",
+    )
     api = create_api(engine, ingest=ingest, batcher=batcher, bus=bus, bus_name=bus.name, controller=controller,
-                     offload_controller=offload_controller)
+                     offload_controller=offload_controller, tokens=tokens, retention=retention,
+                     retention_policy=policy)
     dashboard = settings.dashboard and _mount_dashboard(api, engine)
     http = uvicorn.Server(
         uvicorn.Config(
-            api, host=settings.http_host, port=settings.http_port, log_level="warning", lifespan="off"
+            api, host=settings.http_host, port=settings.http_port, log_level="warning", lifespan="off",
+            ssl_certfile=settings.tls_certfile or None, ssl_keyfile=settings.tls_keyfile or None,
         )
     )
     http_task = asyncio.create_task(http.serve())
@@ -117,17 +138,22 @@ async def serve(
         stop.set()
         await controller_task
         await offload_task
+        await retention_task
         await grpc_server.stop(0)
         return 1
     grpc_host = settings.grpc_listen.rsplit(":", 1)[0]
     http_port = http.servers[0].sockets[0].getsockname()[1]
-    base = f"http://{settings.http_host}:{http_port}"
+    base = f"{'https' if tls else 'http'}://{settings.http_host}:{http_port}"
     print(
         f"moeplane serving: grpc={grpc_host}:{grpc_port} api={base}/api/v1 docs={base}/docs"
         + (f" dashboard={base}/dashboard/" if dashboard else "")
-        + f" database={engine.dialect.name} bus={bus.name}",
+        + f" database={engine.dialect.name} bus={bus.name}"
+        + f" auth={'on' if tokens else 'OFF'} tls={'on' if tls else 'off'}",
         flush=True,
     )
+    if tokens is None:
+        print(OPEN_BANNER, flush=True)
+        log.warning(OPEN_BANNER)
     if on_ready is not None:
         on_ready(
             {"grpc_port": grpc_port, "http_port": http_port, "ingest": ingest, "engine": engine,
@@ -141,6 +167,7 @@ async def serve(
     stop_task.cancel()
     await controller_task
     await offload_task
+    await retention_task
     await batcher.stop()
     await bus.close()
     engine.dispose()

@@ -21,6 +21,14 @@ class Settings(BaseSettings):
     grpc_listen: address of the agent ingest (gRPC) server.
     http_host, http_port: the REST API and dashboard.
     sample_interval_s: device sampling interval told to agents.
+    auth: require API tokens (REST) and node tokens (gRPC). Off: the server runs open and
+        refuses any listen address that is not loopback.
+    tls_certfile, tls_keyfile: PEM files; when both are set HTTP and gRPC use TLS.
+    raw_retention_s: raw device frames and step statistics are kept this long, then only tiers.
+    loads_retention_s: raw per-step expert loads are kept this long.
+    minute_retention_s, hour_retention_s: the 1-min and 1-h tiers (0 = forever).
+    rollup_lag_s: a bucket is rolled up once it ended this long ago (late data window).
+    retention_interval_s: how often the retention/downsampling job runs (0 = never).
     """
 
     model_config = SettingsConfigDict(env_prefix="MOEPLANE_", extra="ignore")
@@ -34,4 +42,13 @@ class Settings(BaseSettings):
     max_message_bytes: int = 32 * 1024 * 1024
     dashboard: bool = True
     controller_interval_s: float = 0.5
+    auth: bool = False
+    tls_certfile: str = ""
+    tls_keyfile: str = ""
+    raw_retention_s: float = 2 * 86400.0
+    loads_retention_s: float = 14 * 86400.0
+    minute_retention_s: float = 30 * 86400.0
+    hour_retention_s: float = 0.0
+    rollup_lag_s: float = 120.0
+    retention_interval_s: float = 60.0
     rebalance_mode: Literal['auto', 'manual', ''] = ''  # sets the cluster default policy at start

@@ -6,27 +6,40 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.engine import Engine
 
+from controlplane.api.history import router as history_router
+from controlplane.api.metrics import router as metrics_router
 from controlplane.api.offload import router as offload_router
 from controlplane.api.plans import default_router as default_policy_router
 from controlplane.api.plans import router as plans_router
 from controlplane.api.routes import router
+from controlplane.api.tokens import router as tokens_router
+from controlplane.auth.http import AUTH_RESPONSES, AuthDep
 from controlplane.store.offload import DecisionConflict
 from controlplane.store.plans import PlanConflict
 from controlplane.store.queries import NotFound
 
 
 def create_api(engine: Engine, **state) -> FastAPI:
-    """Build the REST app. ``state`` entries (ingest, batcher, bus_name) land on app.state."""
+    """Build the REST app. ``state`` entries (ingest, batcher, bus_name) land on app.state.
+
+    ``tokens`` (a TokenStore) turns access control on for every route; without it the API is open.
+    """
     app = FastAPI(
         title="moeplane",
         version="0.1.0",
         description="Control plane for Mixture-of-Experts training clusters.",
+        dependencies=[AuthDep],
+        responses=AUTH_RESPONSES,
     )
     app.state.engine = engine
+    app.state.tokens = None
     for k, val in state.items():
         setattr(app.state, k, val)
     app.include_router(router)
     app.include_router(plans_router)
+    app.include_router(tokens_router)
+    app.include_router(history_router)
+    app.include_router(metrics_router)
     app.include_router(default_policy_router)
     app.include_router(offload_router)
 

@@ -18,6 +18,7 @@ from controlplane.api.schemas import (
     Sample,
     StepStat,
 )
+from controlplane.auth.http import role_extra
 from controlplane.store import queries as q
 
 NOT_FOUND = {404: {"model": ErrorBody, "description": "no such job, device or metric"}}
@@ -27,7 +28,7 @@ router = APIRouter(prefix="/api/v1")
 JobId = Annotated[str, Path(min_length=1, max_length=128)]
 
 
-@router.get("/health", response_model=Health, tags=["health"])
+@router.get("/health", response_model=Health, tags=["health"], openapi_extra=role_extra("public"))
 def health(request: Request, engine: EngineDep) -> Health:
     import sqlalchemy as sa
 

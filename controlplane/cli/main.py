@@ -18,6 +18,7 @@ SUBCOMMAND_MODULES = (
     "simulate",
     "demo",
     "plan",
+    "token",
     "loadgen",
 )
 

@@ -19,6 +19,13 @@ def register(sub) -> None:
     p.add_argument("--sample-interval", type=float, dest="sample_interval_s", help="seconds between device samples told to agents")
     p.add_argument("--rebalance-mode", choices=["auto", "manual"], help="cluster default: plans applied automatically, or after operator approval")
     p.add_argument("--no-dashboard", action="store_false", dest="dashboard", default=None)
+    p.add_argument("--auth", action="store_true", default=None,
+                   help="require API tokens (REST) and node tokens (gRPC) (env MOEPLANE_AUTH); without it the "
+                        "server runs open and only on loopback addresses")
+    p.add_argument("--tls-cert", dest="tls_certfile", help="PEM certificate: serve HTTPS and gRPC over TLS")
+    p.add_argument("--tls-key", dest="tls_keyfile", help="PEM private key for --tls-cert")
+    p.add_argument("--raw-retention", type=float, dest="raw_retention_s",
+                   help="seconds raw device samples and step statistics are kept (then 1-min/1-h tiers)")
     p.set_defaults(func=main)
 
 

@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 import grpc
 
+from controlplane.auth.streams import IngestDenied, authenticate_stream, check_node
+from controlplane.auth.tokens import Principal, TokenStore
 from controlplane.controller.runner import plan_message
 from controlplane.ingest import memory as m
 from controlplane.ingest import validate as v
@@ -66,7 +68,9 @@ class IngestService(rpc.IngestServicer):
         sample_interval_s: float = 1.0,
         max_in_flight: int = 1024,
         clock: Callable[[], float] = time.time,
+        tokens: TokenStore | None = None,
     ):
+        """``tokens``: check each stream's node token (None: open, loopback demo only)."""
         self.writer = writer
         self.batcher = batcher
         self.catalog = catalog
@@ -74,11 +78,21 @@ class IngestService(rpc.IngestServicer):
         self.sample_interval_s = sample_interval_s
         self.max_in_flight = max_in_flight
         self.clock = clock
+        self.tokens = tokens
         self.connected: dict[str, int] = {}  # node_id -> open streams
 
     async def Connect(self, request_iterator, context):  # noqa: N802 - gRPC method name
+        principal = None
+        if self.tokens is not None:
+            try:
+                principal = await asyncio.to_thread(
+                    authenticate_stream, self.tokens, context.invocation_metadata()
+                )
+            except IngestDenied as exc:
+                await context.abort(exc.code, exc.details)
         out: asyncio.Queue = asyncio.Queue()
         stream = _Stream(self, context, out)
+        stream.principal = principal
         reader = asyncio.create_task(stream.read(request_iterator))
         reader.add_done_callback(lambda _t: out.put_nowait(None))
         try:
@@ -125,6 +139,7 @@ class _Stream:
         self.plan_sub = None
         self.offload_task: asyncio.Task | None = None
         self.offload_sub = None
+        self.principal: Principal | None = None  # None: open mode
 
     def ack(self, seq: int, code: int = OK, message: str = "", duplicate: bool = False) -> None:
         self.out.put_nowait(pb.ControlMessage(ack=pb.Ack(seq=seq, code=code, message=message, duplicate=duplicate)))
@@ -153,6 +168,10 @@ class _Stream:
             if self.node_id is None:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
             raise
+        try:
+            check_node(self.principal, hello.node_id)
+        except IngestDenied as exc:
+            raise _Abort(exc.code, exc.details) from exc
         if self.node_id is not None and hello.node_id != self.node_id:
             raise WireError("hello.node_id", f"a stream serves one node ({self.node_id!r})")
         max_seq = await asyncio.to_thread(self.svc.writer.register_hello, hello)

@@ -1,0 +1,60 @@
+"""Tokens router (admin only): list, create and revoke API and node tokens."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Request
+from pydantic import BaseModel, Field
+
+from controlplane.api.routes import NOT_FOUND
+from controlplane.auth.http import role_extra
+from controlplane.auth.tokens import Role, TokenStore
+
+router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
+ADMIN = role_extra(Role.ADMIN)
+
+
+class TokenInfo(BaseModel):
+    id: int
+    name: str
+    role: str
+    node_id: str | None
+    created_at: float
+    revoked_at: float | None
+
+
+class TokenRequest(BaseModel):
+    role: Literal["viewer", "operator", "admin", "node"]
+    name: str = Field(default="", max_length=128)
+    node_id: str | None = Field(default=None, min_length=1, max_length=128, description="node tokens only")
+
+
+class CreatedTokenBody(TokenInfo):
+    secret: str = Field(description="the token; shown once, only its hash is stored")
+
+
+def _store(request: Request) -> TokenStore:
+    return getattr(request.app.state, "tokens", None) or TokenStore(request.app.state.engine)
+
+
+@router.get("", response_model=list[TokenInfo], openapi_extra=ADMIN)
+async def list_tokens(request: Request) -> list[dict]:
+    return await asyncio.to_thread(_store(request).list)
+
+
+@router.post("", response_model=CreatedTokenBody, status_code=201, openapi_extra=ADMIN,
+             responses={422: {"description": "bad role/node combination"}})
+async def create_token(body: TokenRequest, request: Request) -> dict:
+    store = _store(request)
+    made = await asyncio.to_thread(store.create, body.role, name=body.name, node_id=body.node_id)
+    info = next(r for r in await asyncio.to_thread(store.list) if r["id"] == made.principal.token_id)
+    return info | {"secret": made.secret}
+
+
+@router.delete("/{token_id}", response_model=TokenInfo, responses=NOT_FOUND, openapi_extra=ADMIN)
+async def revoke_token(token_id: Annotated[int, Path(ge=1, le=2**31 - 1)], request: Request) -> dict:
+    store = _store(request)
+    await asyncio.to_thread(store.revoke, token_id)
+    return next(r for r in await asyncio.to_thread(store.list) if r["id"] == token_id)

@@ -1,0 +1,67 @@
+"""FastAPI side of access control: one app-wide dependency that enforces a role per route.
+
+A route's minimum role is its ``x-min-role`` OpenAPI extension (``role_extra(Role.ADMIN)``);
+without one, GET/HEAD need viewer and every other method needs operator. ``public`` routes
+(health) need no token. With ``app.state.tokens`` None the API runs open (loopback demo).
+No token or an unknown/revoked one → 401; a weaker role → 403. The store is read on every
+request: nothing is cached past a revocation.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from controlplane.api.schemas import ErrorBody
+from controlplane.auth.tokens import Principal, Role
+
+ROLE_KEY = "x-min-role"
+PUBLIC = "public"
+bearer_scheme = HTTPBearer(auto_error=False, description="an API token: Authorization: Bearer mp_...")
+
+AUTH_RESPONSES = {
+    401: {"model": ErrorBody, "description": "no token, or an unknown or revoked token"},
+    403: {"model": ErrorBody, "description": "the token's role is too weak for this operation"},
+}
+
+
+def role_extra(role: Role | str) -> dict:
+    """``openapi_extra`` for a route that needs ``role`` (or ``"public"``)."""
+    return {ROLE_KEY: str(role)}
+
+
+def needed_role(request: Request) -> Role | None:
+    """The minimum role of the matched route; None for a public one."""
+    route = request.scope.get("route")
+    extra = getattr(route, "openapi_extra", None) or {}
+    declared = extra.get(ROLE_KEY)
+    if declared == PUBLIC:
+        return None
+    if declared is not None:
+        return Role(declared)
+    return Role.VIEWER if request.method in ("GET", "HEAD") else Role.OPERATOR
+
+
+def authorize(
+    request: Request,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> Principal | None:
+    """App-wide dependency. Returns the caller (None when open or public)."""
+    tokens = getattr(request.app.state, "tokens", None)
+    if tokens is None:
+        return None
+    needed = needed_role(request)
+    if needed is None:
+        return None
+    principal = tokens.authenticate(creds.credentials if creds else None)
+    if principal is None:
+        raise HTTPException(401, "a valid API token is required", headers={"WWW-Authenticate": "Bearer"})
+    if not principal.role.allows(needed):
+        raise HTTPException(403, f"role {principal.role} may not do this (needs {needed})")
+    request.state.principal = principal
+    return principal
+
+
+AuthDep = Depends(authorize)

@@ -1,0 +1,158 @@
+"""Expert-load history per bucket: the whole [L, E] matrix, one layer, one expert, or the load
+of each EP rank under the placement that was running at each step.
+
+Aggregation over a bucket's steps: ``mean``, ``max`` or ``p95`` of tokens per step. Placement
+at step s: the plan with the largest ``applied_step`` <= s among plans that were applied
+(status applied or rolled_back), else the identity placement (slot i holds expert i % E).
+Rank loads are computed per step from raw loads (kept ``loads_retention_s``); a logical
+expert's tokens split evenly across its replicas.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from controlplane.store import tables as t
+from controlplane.store import tiers
+from controlplane.store.history import Window, _header, _job, _mark, _split
+
+VIEWS = ("matrix", "layer", "expert", "ranks")
+AGGS = ("mean", "max", "p95")
+
+
+def rank_loads(counts: np.ndarray, phy2log: np.ndarray, world: int) -> np.ndarray:
+    """counts [L, E] tokens, phy2log [L, G*S] → [L, G] tokens handled by each rank per layer."""
+    counts = np.asarray(counts, dtype=np.float64)
+    layers, experts = counts.shape
+    if phy2log.shape[0] != layers or phy2log.shape[1] % world:
+        raise ValueError(f"phy2log: shape {phy2log.shape} does not fit {layers} layers x {world} ranks")
+    replicas = np.stack([np.bincount(row, minlength=experts) for row in phy2log])  # [L, E]
+    rows = np.arange(layers)[:, None]
+    per_slot = counts[rows, phy2log] / np.maximum(replicas[rows, phy2log], 1)
+    return per_slot.reshape(layers, world, -1).sum(axis=2)
+
+
+def placements(engine: Engine, job: dict) -> tuple[list[tuple[int, np.ndarray]], np.ndarray | None, int | None]:
+    """([(applied_step, phy2log)] ascending, identity placement or None, world size or None)."""
+    from controlplane.controller.runner import geometry, identity
+
+    p = t.plans.c
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(p.applied_step, p.phy2log, p.layers, p.world_size)
+            .where(p.job_id == job["job_id"], p.applied_step.is_not(None),
+                   p.status.in_(["applied", "rolled_back"]))
+            .order_by(p.applied_step, p.epoch)
+        ).all()
+    applied = [(r.applied_step, np.frombuffer(r.phy2log, dtype="<i8").reshape(r.layers, -1)) for r in rows]
+    geo = geometry(engine, dict(job)) if job.get("layers") else None
+    ident = None if geo is None else identity(job["layers"], job["experts"], geo[0], geo[1])
+    world = rows[-1].world_size if rows else (geo[0] if geo else None)
+    return applied, ident, world
+
+
+def _aggregate(per_step: np.ndarray, agg: str) -> np.ndarray:
+    if agg == "mean":
+        return per_step.mean(axis=0)
+    if agg == "max":
+        return per_step.max(axis=0)
+    return np.percentile(per_step, 95, axis=0)
+
+
+def _select(values: np.ndarray, view: str, layer: int | None, expert: int | None):
+    """values [L, E] → the view's slice as nested lists / a float."""
+    if layer is not None:
+        values = values[layer]
+        return float(values[expert]) if expert is not None else values.tolist()
+    if expert is not None:
+        return values[:, expert].tolist()
+    return values.tolist()
+
+
+def load_history(engine: Engine, job_id: str, win: Window, *, view: str = "matrix", agg: str = "mean",
+                 layer: int | None = None, expert: int | None = None,
+                 steps: tuple[int | None, int | None] = (None, None)) -> dict:
+    """Items per bucket: {start, steps, step_first, step_last, values}. ``values``: matrix
+    [L, E]; layer [E]; expert [L] (a number with ``layer``); ranks [G] (summed over layers, or
+    of one ``layer``). Units: tokens per step."""
+    if view not in VIEWS:
+        raise ValueError(f"view: one of {VIEWS}, got {view!r}")
+    if agg not in AGGS:
+        raise ValueError(f"agg: one of {AGGS}, got {agg!r}")
+    if view == "layer" and layer is None:
+        raise ValueError("layer: required for view=layer")
+    if view == "expert" and expert is None:
+        raise ValueError("expert: required for view=expert")
+    s0, s1 = steps
+    with engine.connect() as conn:
+        job = dict(_job(conn, job_id))
+        if layer is not None and job["layers"] is not None and not 0 <= layer < job["layers"]:
+            raise ValueError(f"layer: must be in 0..{job['layers'] - 1}, got {layer}")
+        if expert is not None and job["experts"] is not None and not 0 <= expert < job["experts"]:
+            raise ValueError(f"expert: must be in 0..{job['experts'] - 1}, got {expert}")
+        split = win.start if view == "ranks" else _split(win, _mark(conn, "loads", win.source))
+        tier_rows: dict[int, list] = defaultdict(list)
+        if split > win.start:
+            r = t.load_rollups.c
+            q = sa.select(r.bucket, r.steps, r.step_first, r.step_last, r.layers, r.experts, r.stats).where(
+                r.job_id == job_id, r.tier == win.source, r.bucket >= win.start, r.bucket < split)
+            if s0 is not None:
+                q = q.where(r.step_last >= s0)
+            if s1 is not None:
+                q = q.where(r.step_first < s1)
+            for row in conn.execute(q):
+                tier_rows[int(tiers.bucket_of(row.bucket, win.bucket_s))].append(row)
+        raw: dict[int, list] = defaultdict(list)
+        if split < win.end:
+            e = t.expert_loads.c
+            q = sa.select(e.step, e.ts, e.layers, e.experts, e.counts).where(
+                e.job_id == job_id, e.ts >= split, e.ts < win.end).order_by(e.step)
+            if s0 is not None:
+                q = q.where(e.step >= s0)
+            if s1 is not None:
+                q = q.where(e.step < s1)
+            for row in conn.execute(q):
+                raw[int(tiers.bucket_of(row.ts, win.bucket_s))].append(row)
+    plan_steps, ident, world = placements(engine, job) if view == "ranks" else ([], None, None)
+    items = []
+    for b in sorted(set(tier_rows) | set(raw)):
+        if b in tier_rows:
+            rows = tier_rows[b]
+            shape = (rows[0].layers, rows[0].experts)
+            stats = tiers.combine_load_stats(np.stack(
+                [np.frombuffer(r.stats, dtype="<f8").reshape(3, *shape) for r in rows if (r.layers, r.experts) == shape]))
+            n = sum(r.steps for r in rows)
+            first, last = min(r.step_first for r in rows), max(r.step_last for r in rows)
+            values = stats[0] / n if agg == "mean" else stats[1 if agg == "max" else 2]
+        else:
+            rows = raw[b]
+            counts = np.stack([np.frombuffer(r.counts, dtype="<i8").reshape(r.layers, r.experts) for r in rows])
+            n, first, last = len(rows), rows[0].step, rows[-1].step
+            if view == "ranks":
+                if world is None:
+                    raise ValueError("view: ranks needs the job's geometry (world size), not known yet")
+                per_step = np.stack([
+                    _ranks_of(c, r.step, plan_steps, ident, world, layer) for c, r in zip(counts, rows, strict=True)
+                ])
+                items.append({"start": b, "steps": n, "step_first": first, "step_last": last,
+                              "values": _aggregate(per_step, agg).tolist()})
+                continue
+            values = _aggregate(counts.astype(np.float64), agg)
+        items.append({"start": b, "steps": n, "step_first": first, "step_last": last,
+                      "values": _select(values, view, layer, expert)})
+    return _header(win) | {"job_id": job_id, "view": view, "agg": agg, "items": items}
+
+
+def _ranks_of(counts, step, plan_steps, ident, world, layer) -> np.ndarray:
+    phy2log = ident
+    for applied_step, p in plan_steps:
+        if applied_step <= step:
+            phy2log = p
+    if phy2log is None or phy2log.shape[0] != counts.shape[0]:
+        raise ValueError("view: ranks needs a placement matching the loads' layers")
+    per_layer = rank_loads(counts, phy2log, world)
+    return per_layer[layer] if layer is not None else per_layer.sum(axis=0)
