@@ -1,8 +1,8 @@
 """Idempotent writes. At-least-once on the wire becomes exactly-once here.
 
 Every sequenced record first claims its (node, seq) row in ``received`` with
-INSERT ... ON CONFLICT DO NOTHING RETURNING: a record whose claim returns nothing was stored
-before and is a duplicate. Loads are additionally deduplicated by (job, step, node, ranks), so
+INSERT ... ON CONFLICT DO NOTHING RETURNING (one set-based statement per batch, see bulk.py):
+a record whose claim returns nothing was stored before and is a duplicate. Loads are additionally deduplicated by (job, step, node, ranks), so
 a node that re-numbers after losing its spool still cannot count a step twice. Everything in one call
 commits in one transaction: the caller acknowledges only after it returns.
 """
@@ -18,6 +18,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from controlplane.store import bulk
 from controlplane.store import tables as t
 from controlplane.store.records import (
     HelloRecord,
@@ -159,70 +160,78 @@ class StoreWriter:
 
     # ------------------------------------------------------------------ batched writes
     def write(self, records: Sequence[SequencedRecord]) -> list[bool]:
-        """Store a batch in one transaction. Returns, per record, whether it was a duplicate."""
+        """Store a batch in one transaction. Returns, per record, whether it was a duplicate.
+
+        Set-based: one claim statement for all (node, seq), one for all load parts, one insert
+        per table for frames, latest frames and step statistics, and one read-modify-write of
+        the global matrix per (job, step) with every fresh part of the batch summed first.
+        A key repeated inside the batch counts once (its first occurrence).
+        """
         layouts = {
             id(rec): self.layout_id(rec.node_id, rec.device_ids, rec.metrics)
             for rec in records
             if isinstance(rec, SamplesRecord)
         }
-        duplicate = [False] * len(records)
+        duplicate = [True] * len(records)
         with self.engine.begin() as conn:
-            fresh_loads: list[LoadsRecord] = []
+            new = bulk.claim(
+                conn, t.received, ("node_id", "seq", "received_at"),
+                [(r.node_id, r.seq, rec_ts(r)) for r in records], ("node_id", "seq"),
+            )
+            fresh: list[int] = []
             for i, rec in enumerate(records):
-                if not self._claim(conn, rec.node_id, rec.seq, rec_ts(rec)):
-                    duplicate[i] = True
-                    continue
-                if isinstance(rec, SamplesRecord):
-                    self._write_samples(conn, rec, layouts[id(rec)])
-                elif isinstance(rec, LoadsRecord):
-                    if self._claim_load_part(conn, rec):
-                        fresh_loads.append(rec)
-                    else:
-                        duplicate[i] = True
-                elif isinstance(rec, StepStatsRecord):
-                    self._write_step_stats(conn, rec)
+                key = (rec.node_id, rec.seq)
+                if key in new:
+                    new.discard(key)  # a repeat later in this batch is a duplicate
+                    fresh.append(i)
+            loads = [i for i in fresh if isinstance(records[i], LoadsRecord)]
+            parts = bulk.claim(
+                conn, t.load_parts, ("job_id", "step", "node_id", "ranks", "missing_ranks"),
+                [(records[i].job_id, records[i].step, records[i].node_id, _ranks_text(records[i].ranks),
+                  _ranks_text(records[i].missing_ranks)) for i in loads],
+                ("job_id", "step", "node_id", "ranks"),
+            )
+            fresh_loads: list[LoadsRecord] = []
+            for i in fresh:
+                rec = records[i]
+                if isinstance(rec, LoadsRecord):
+                    key = (rec.job_id, rec.step, rec.node_id, _ranks_text(rec.ranks))
+                    if key not in parts:
+                        continue
+                    parts.discard(key)
+                    fresh_loads.append(rec)
+                duplicate[i] = False
+            samples = [records[i] for i in fresh if isinstance(records[i], SamplesRecord)]
+            self._write_samples(conn, samples, layouts)
+            self._write_step_stats(
+                conn, [records[i] for i in fresh if isinstance(records[i], StepStatsRecord)]
+            )
             self._add_global_loads(conn, fresh_loads)
         return duplicate
 
-    def _claim(self, conn: Connection, node_id: str, seq: int, ts: float) -> bool:
-        ins = dialect_insert(conn, t.received)
-        row = conn.execute(
-            ins.values(node_id=node_id, seq=seq, received_at=ts)
-            .on_conflict_do_nothing(index_elements=[t.received.c.node_id, t.received.c.seq])
-            .returning(t.received.c.seq)
-        ).first()
-        return row is not None
-
-    def _write_samples(self, conn: Connection, rec: SamplesRecord, layout: int) -> None:
-        blob = np.ascontiguousarray(rec.values, dtype="<f4").tobytes()
-        conn.execute(sa.insert(t.sample_frames).values(layout=layout, ts=rec.ts, values=blob))
+    def _write_samples(self, conn: Connection, recs: Sequence[SamplesRecord], layouts: dict[int, int]) -> None:
+        """One frame row per record; the newest frame of each node upserted once."""
+        if not recs:
+            return
+        blobs = [np.ascontiguousarray(r.values, dtype="<f4").tobytes() for r in recs]
+        bulk.insert(
+            conn, t.sample_frames, ("layout", "ts", "values"),
+            [(layouts[id(r)], r.ts, b) for r, b in zip(recs, blobs, strict=True)],
+        )
+        newest: dict[str, tuple] = {}
+        for r, b in zip(recs, blobs, strict=True):
+            cur = newest.get(r.node_id)
+            if cur is None or r.ts >= cur[2]:
+                newest[r.node_id] = (r.node_id, layouts[id(r)], r.ts, b)
         ins = dialect_insert(conn, t.node_latest)
         conn.execute(
-            ins.values(node_id=rec.node_id, layout=layout, ts=rec.ts, values=blob).on_conflict_do_update(
+            ins.on_conflict_do_update(
                 index_elements=[t.node_latest.c.node_id],
-                set_={"layout": layout, "ts": rec.ts, "values": blob},
-                where=t.node_latest.c.ts <= rec.ts,
-            )
+                set_={"layout": ins.excluded.layout, "ts": ins.excluded.ts, "values": ins.excluded["values"]},
+                where=t.node_latest.c.ts <= ins.excluded.ts,
+            ),
+            [{"node_id": n, "layout": lay, "ts": ts, "values": b} for n, lay, ts, b in newest.values()],
         )
-
-    def _claim_load_part(self, conn: Connection, rec: LoadsRecord) -> bool:
-        ins = dialect_insert(conn, t.load_parts)
-        row = conn.execute(
-            ins.values(
-                job_id=rec.job_id,
-                step=rec.step,
-                node_id=rec.node_id,
-                ranks=_ranks_text(rec.ranks),
-                missing_ranks=_ranks_text(rec.missing_ranks),
-            )
-            .on_conflict_do_nothing(
-                index_elements=[
-                    t.load_parts.c.job_id, t.load_parts.c.step, t.load_parts.c.node_id, t.load_parts.c.ranks
-                ]
-            )
-            .returning(t.load_parts.c.step)
-        ).first()
-        return row is not None
 
     def _add_global_loads(self, conn: Connection, loads: Sequence[LoadsRecord]) -> None:
         """Sum fresh node parts into the per-(job, step) global matrix, one row update per step."""
@@ -230,7 +239,9 @@ class StoreWriter:
         for rec in loads:
             by_step[(rec.job_id, rec.step)].append(rec)
         for (job_id, step), parts in by_step.items():
-            total = np.sum([p.counts for p in parts], axis=0, dtype=np.int64)
+            total = np.zeros(parts[0].counts.shape, dtype=np.int64)
+            for p in parts:
+                total += p.counts
             ts = max(p.ts for p in parts)
             for _attempt in range(3):
                 row = conn.execute(
@@ -269,27 +280,16 @@ class StoreWriter:
             else:  # pragma: no cover - needs three lost races in a row
                 raise RuntimeError(f"could not add loads of job {job_id} step {step}")
 
-    def _write_step_stats(self, conn: Connection, rec: StepStatsRecord) -> None:
-        if not rec.ranks:
-            return
-        ins = dialect_insert(conn, t.step_stats)
-        conn.execute(
-            ins.on_conflict_do_nothing(
-                index_elements=[t.step_stats.c.job_id, t.step_stats.c.step, t.step_stats.c.rank]
-            ),
-            [
-                {
-                    "job_id": rec.job_id,
-                    "step": rec.step,
-                    "rank": r.rank,
-                    "node_id": rec.node_id,
-                    "ts": rec.ts,
-                    "step_time_s": r.step_time_s,
-                    "host_bound_ratio": r.host_bound_ratio,
-                    "tokens": r.tokens,
-                }
-                for r in rec.ranks
-            ],
+    def _write_step_stats(self, conn: Connection, recs: Sequence[StepStatsRecord]) -> None:
+        rows = [
+            (rec.job_id, rec.step, r.rank, rec.node_id, rec.ts, r.step_time_s, r.host_bound_ratio, r.tokens)
+            for rec in recs
+            for r in rec.ranks
+        ]
+        bulk.insert(
+            conn, t.step_stats,
+            ("job_id", "step", "rank", "node_id", "ts", "step_time_s", "host_bound_ratio", "tokens"),
+            rows, ignore_conflicts_on=("job_id", "step", "rank"),
         )
 
 
