@@ -179,7 +179,8 @@ class NodeState:
         self.emit(messages.plan_report(plan.job_id, plan.epoch, pb.PLAN_STATE_RECEIVED))
 
     def rank_plan_report(self, link: RankLink, report: pb.PlanReport) -> None:
-        """Forward APPLIED once every rank of the node applied; FAILED at the first failure."""
+        """Forward APPLIED once every attached rank of the job applied (a rank that never
+        attached cannot hold the node back); FAILED at the first failure."""
         progress = self.plans.setdefault(report.epoch, _PlanProgress())
         if progress.done:
             return
@@ -189,7 +190,8 @@ class NodeState:
                                            report.step, f"rank {link.rank}: {report.error}"))
         elif report.state == pb.PLAN_STATE_APPLIED:
             progress.applied[link.rank] = report.step
-            if self.ranks() <= progress.applied.keys():
+            attached = {r for r, x in self.links.items() if x.job.job_id == report.job_id}
+            if attached <= progress.applied.keys():
                 progress.done = True
                 self.emit(messages.plan_report(report.job_id, report.epoch,
                                                pb.PLAN_STATE_APPLIED,
