@@ -35,15 +35,18 @@ from controlplane.wire import moeplane_pb2_grpc as rpc
 log = logging.getLogger("moeplane.serve")
 
 
-def _mount_dashboard(api, engine) -> bool:
+def _mount_dashboard(api, engine, loop: asyncio.AbstractEventLoop) -> bool:
     try:
         from a2wsgi import WSGIMiddleware
 
+        from dashboard.actions import rest_plan_actions
         from dashboard.app import create_dash
     except ImportError as exc:  # the dashboard package is optional at this layer
         log.warning("dashboard not mounted: %s", exc)
         return False
-    dash_app = create_dash(engine, requests_pathname_prefix="/dashboard/")
+    # plan approval from the dashboard runs the REST handlers on this loop (where the bus lives)
+    approve, reject = rest_plan_actions(api, loop)
+    dash_app = create_dash(engine, requests_pathname_prefix="/dashboard/", approve=approve, reject=reject)
     api.mount("/dashboard", WSGIMiddleware(dash_app.server))
     return True
 
@@ -124,7 +127,7 @@ async def serve(
     api = create_api(engine, ingest=ingest, batcher=batcher, bus=bus, bus_name=bus.name, controller=controller,
                      offload_controller=offload_controller, tokens=tokens, retention=retention,
                      retention_policy=policy)
-    dashboard = settings.dashboard and _mount_dashboard(api, engine)
+    dashboard = settings.dashboard and _mount_dashboard(api, engine, loop)
     http = uvicorn.Server(
         uvicorn.Config(
             api, host=settings.http_host, port=settings.http_port, log_level="warning", lifespan="off",

@@ -4,7 +4,12 @@ app with ``a2wsgi.WSGIMiddleware``; Flask then sees ``SCRIPT_NAME=/dashboard`` a
 relative to it, while the browser requests ``requests_pathname_prefix``.
 
 Pages (client-side routing through ``dcc.Location``, no full reloads): ``cluster`` (default),
-``experts``, ``history``.
+``experts``, ``plans``, ``memory``, ``history``.
+
+Plan approval publishes on the bus, which lives on the server's event loop: the server passes
+``approve`` / ``reject`` (``dashboard.actions.rest_plan_actions``: the REST handlers run on
+that loop). Without ``approve`` the Plans page shows plans but cannot approve; without
+``reject`` it rejects through the same store transition as REST.
 """
 
 from __future__ import annotations
@@ -13,7 +18,15 @@ import dash
 from dash import Input, Output
 from sqlalchemy.engine import Engine
 
-from dashboard import cluster_callbacks, expert_callbacks, pages
+from dashboard import (
+    cluster_callbacks,
+    expert_callbacks,
+    history_callbacks,
+    memory_callbacks,
+    pages,
+    plan_callbacks,
+)
+from dashboard.actions import PlanAction, store_reject
 from dashboard.source import BalancednessCache
 
 
@@ -23,12 +36,15 @@ def create_dash(
     requests_pathname_prefix: str = "/dashboard/",
     interval_ms: int = 1000,
     balancedness_window: int = 60,
+    approve: PlanAction | None = None,
+    reject: PlanAction | None = None,
 ) -> dash.Dash:
     """Build the dashboard on ``engine`` (read through ``controlplane.store.queries``).
 
     ``requests_pathname_prefix`` is the path the browser sees (ends with ``/``);
     ``interval_ms`` the live refresh period; ``balancedness_window`` the number of recent steps
-    in the balancedness view.
+    in the balancedness view; ``approve`` / ``reject`` the plan actions ``(job_id, epoch) ->
+    plan summary`` behind the Plans page's buttons.
     """
     if not requests_pathname_prefix.startswith("/") or not requests_pathname_prefix.endswith("/"):
         raise ValueError(
@@ -53,10 +69,17 @@ def create_dash(
         slug = app.strip_relative_path(pathname or prefix) or "cluster"
         if slug == "experts":
             return pages.experts_page(interval_ms)
+        if slug == "plans":
+            return pages.plans_page(interval_ms)
+        if slug == "memory":
+            return pages.memory_page(interval_ms)
         if slug == "history":
             return pages.history_page()
         return pages.cluster_page(interval_ms)
 
     cluster_callbacks.register(app, engine)
     expert_callbacks.register(app, engine, BalancednessCache(balancedness_window))
+    plan_callbacks.register(app, engine, approve, reject or store_reject(engine))
+    memory_callbacks.register(app, engine)
+    history_callbacks.register(app, engine)
     return app

@@ -23,7 +23,8 @@ from dashboard.cluster_views import (
 HISTORY_SECONDS = 900.0
 
 
-def _summary(latest: dict, totals: dict, n_devices: int) -> str:
+def summary_text(latest: dict, totals: dict, n_devices: int) -> str:
+    """The alert summary line of a cluster grid."""
     a = alerts_summary(latest, totals)
     return (
         f"{n_devices} devices, {len(latest)} reporting · "
@@ -65,7 +66,7 @@ def register(app, engine: Engine) -> None:
         else:
             fig = grid_figure(layout, data, metric)
         options = no_update if same_layout else [d["device_id"] for d in devices]
-        return fig, state, _summary(latest, totals, len(devices)), link_figure(latest), options
+        return fig, state, summary_text(latest, totals, len(devices)), link_figure(latest), options
 
     @app.callback(
         Output("device-select", "value"),

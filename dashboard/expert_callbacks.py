@@ -23,7 +23,7 @@ from dashboard.expert_views import (
 )
 from dashboard.placement import layer_balancedness, rank_loads
 from dashboard.ranges import history_range
-from dashboard.source import BalancednessCache, current_placement
+from dashboard.source import BalancednessCache, current_placement, placements_at_steps
 
 
 def _empty(title: str) -> dict:
@@ -151,18 +151,20 @@ def register(app, engine: Engine, cache: BalancednessCache) -> None:
             return *blank, f"job {job_id}: no expert loads in that range"
         shape = rows[-1]["counts"].shape
         rows = [r for r in rows if r["counts"].shape == shape]
-        placement = current_placement(engine, job_id, shape)
-        g = placement.geometry
-        total = np.sum([r["counts"] for r in rows], axis=0, dtype=np.int64)
         steps = [r["step"] for r in rows]
-        bal = np.stack([layer_balancedness(rank_loads(r["counts"], placement.phy2log, g.ranks))
-                        for r in rows])
-        per_rank = rank_loads(total, placement.phy2log, g.ranks)
+        placements = placements_at_steps(engine, job_id, shape, steps)
+        total = np.sum([r["counts"] for r in rows], axis=0, dtype=np.int64)
+        bal = np.stack([layer_balancedness(rank_loads(r["counts"], p.phy2log, p.geometry.ranks))
+                        for r, p in zip(rows, placements, strict=True)])
+        last = placements[-1]  # per-rank load of the summed range under its final placement
+        per_rank = rank_loads(total, last.phy2log, last.geometry.ranks)
         span = f"steps {steps[0]}–{steps[-1]}"
-        status = f"job {job_id} · {span} ({len(steps)} steps, at most {rng.limit} read)"
+        used = sorted({p.source for p in placements})
+        status = (f"job {job_id} · {span} ({len(steps)} steps, at most {rng.limit} read) · "
+                  f"placement: {', '.join(used)}")
         return (
             expert_heatmap_figure(total, f"Expert load summed over {span} (tokens)"),
-            rank_load_figure(per_rank, f"Per-rank load, × layer mean, {span}"),
+            rank_load_figure(per_rank, f"Per-rank load, × layer mean, {span} ({last.source} placement)"),
             balancedness_figure(steps, bal, f"Balancedness per layer, {span}"),
             step_time_figure(stats, f"Step time and host-bound ratio, {span}"),
             status,

@@ -1,4 +1,5 @@
-"""Page layouts (components only, no data): the shell, Cluster, Experts and History.
+"""Page layouts (components only, no data): the shell, Cluster, Experts, Plans, Memory and
+History.
 
 Stable element ids used by callbacks and browser tests: ``job-select``, ``cluster-grid``,
 ``expert-heatmap``, ``rank-load``, ``balancedness-graph`` (plus the others named below).
@@ -11,7 +12,8 @@ from dash import dcc, html
 
 from dashboard.cluster_views import METRICS
 
-PAGES = (("cluster", "Cluster"), ("experts", "Experts"), ("history", "History"))
+PAGES = (("cluster", "Cluster"), ("experts", "Experts"), ("plans", "Plans"), ("memory", "Memory"),
+         ("history", "History"))
 
 _CARD = {"padding": "6px 10px", "margin": "4px 0", "border": "1px solid #ddd", "borderRadius": "4px"}
 
@@ -103,12 +105,52 @@ def experts_page(interval_ms: int) -> html.Div:
                     html.Span("placement of layer: "),
                     dcc.Input(id="placement-layer", type="number", min=0, step=1, value=0,
                               debounce=True, style={"width": "80px"}),
-                    html.Span(" (identity placement slot % E until a plan is known)",
+                    html.Span(" (the running placement: the newest applied plan; identity, slot s "
+                              "holding expert s % E, before the first)",
                               id="placement-source", style={"color": "#777"}),
                 ],
                 style=_CARD,
             ),
             dcc.Graph(id="placement-graph"),
+        ]
+    )
+
+
+def plans_page(interval_ms: int) -> html.Div:
+    return html.Div(
+        [
+            dcc.Interval(id="plans-tick", interval=interval_ms),
+            dcc.Store(id="plans-shown"),
+            dcc.Store(id="plan-acted", data=0),
+            html.Div(id="plans-status", style=_CARD),
+            dcc.Graph(id="plans-timeline", config={"displaylogo": False}),
+            html.Div(id="plan-action-result", style=_CARD | {"color": "#555"}),
+            html.Div(id="plans-table", style=_CARD | {"maxHeight": "360px", "overflowY": "auto"}),
+            html.Div(
+                [
+                    html.Span("diff of plan: "),
+                    dcc.Dropdown(id="plan-select", clearable=False,
+                                 style={"width": "260px", "display": "inline-block", "verticalAlign": "middle"}),
+                    html.Span(" against the running placement", style={"color": "#777"}),
+                ],
+                style=_CARD,
+            ),
+            html.Div(id="plan-diff-summary", style=_CARD),
+            dcc.Graph(id="plan-diff-graph", config={"displaylogo": False}),
+            html.Div(id="plan-diff-slots", style=_CARD | {"maxHeight": "320px", "overflowY": "auto"}),
+        ]
+    )
+
+
+def memory_page(interval_ms: int) -> html.Div:
+    return html.Div(
+        [
+            dcc.Interval(id="memory-tick", interval=interval_ms),
+            dcc.Store(id="memory-shown"),
+            html.Div(id="memory-status", style=_CARD),
+            dcc.Graph(id="memory-breakdown", config={"displaylogo": False}),
+            html.H4("Offload decisions (newest first)", style={"margin": "8px 0 2px"}),
+            html.Div(id="offload-table", style=_CARD | {"maxHeight": "420px", "overflowY": "auto"}),
         ]
     )
 
@@ -146,5 +188,20 @@ def history_page() -> html.Div:
             ),
             dcc.Graph(id="history-balancedness"),
             dcc.Graph(id="history-steptime"),
+            html.Div(
+                [
+                    html.Span("cluster at the end of the range, metric: "),
+                    dcc.RadioItems(
+                        id="history-metric",
+                        options=[{"label": m.label, "value": k} for k, m in METRICS.items()],
+                        value="utilization_ratio",
+                        inline=True,
+                        inputStyle={"marginLeft": "10px", "marginRight": "3px"},
+                    ),
+                ],
+                style=_CARD,
+            ),
+            html.Div(id="history-cluster-summary", style=_CARD),
+            dcc.Graph(id="history-cluster-grid", config={"displaylogo": False}),
         ]
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy.engine import Engine
 
+from controlplane.store import plans as P
 from controlplane.store import queries as q
 from dashboard.expert_views import JobGeometry, job_geometry, layer_balancedness_of
 from dashboard.placement import identity_phy2log
@@ -24,7 +25,7 @@ class Placement:
 
     geometry: JobGeometry
     phy2log: np.ndarray
-    source: str  # "identity" until plans are stored
+    source: str  # "identity" before the first applied plan, else "epoch N"
 
     @property
     def key(self) -> tuple:
@@ -40,16 +41,52 @@ def job_ranks(engine: Engine, job_id: str) -> int:
     return len(ranks)
 
 
-def current_placement(engine: Engine, job_id: str, shape: tuple[int, int]) -> Placement:
-    """The job's placement for a load matrix of ``shape`` [L, E].
+RUNNING = (P.PlanStatus.APPLIED, P.PlanStatus.ROLLED_BACK)
+"""Statuses of plans that were in effect at some time (applied, maybe replaced since)."""
 
-    No plans are stored yet, so this is the identity placement (slot ``s`` holds ``s % E``);
-    once plans exist, read the running plan's ``phy2log`` here.
-    """
-    job = q.get_job(engine, job_id)
-    geom = job_geometry(job, shape, job_ranks(engine, job_id))
+
+def _from_plan(job: dict, shape: tuple[int, int], ranks_seen: int, plan: dict | None) -> Placement:
+    layers, experts = shape
+    if plan is not None:
+        phy2log = plan["phy2log"]
+        fits = (phy2log.shape == (layers, plan["world_size"] * plan["slots_per_rank"])
+                and (phy2log.size == 0 or int(phy2log.max()) < experts))
+        if fits:
+            geom = JobGeometry(layers, experts, int(plan["world_size"]), int(plan["slots_per_rank"]))
+            return Placement(geom, phy2log, f"epoch {plan['epoch']}")
+    geom = job_geometry(job, shape, ranks_seen)
     return Placement(geom, identity_phy2log(geom.layers, geom.experts, geom.ranks, geom.slots_per_rank),
                      "identity")
+
+
+def current_placement(engine: Engine, job_id: str, shape: tuple[int, int]) -> Placement:
+    """The job's running placement for a load matrix of ``shape`` [L, E]: the ``phy2log`` of
+    its newest applied plan, else (before the first plan, or when that plan does not fit the
+    shape) the identity placement (slot ``s`` holds ``s % E``)."""
+    job = q.get_job(engine, job_id)
+    plan = P.latest_plan(engine, job_id, (P.PlanStatus.APPLIED,))
+    return _from_plan(job, shape, job_ranks(engine, job_id), plan)
+
+
+def placements_at_steps(engine: Engine, job_id: str, shape: tuple[int, int], steps: list[int]) -> list[Placement]:
+    """The placement that ran at each of ``steps``: the newest plan applied at or before the
+    step (applied, or since rolled back), else the identity placement. Reads each plan once."""
+    job = q.get_job(engine, job_id)
+    ranks = job_ranks(engine, job_id)
+    applied = sorted(
+        ((p["applied_step"], p["epoch"]) for p in P.list_plans(engine, job_id, limit=1000)
+         if p["status"] in RUNNING and p["applied_step"] is not None),
+        reverse=True,
+    )
+    by_epoch: dict[int | None, Placement] = {}
+    out = []
+    for step in steps:
+        epoch = next((e for s, e in applied if s <= step), None)
+        if epoch not in by_epoch:
+            plan = None if epoch is None else P.get_plan(engine, job_id, epoch)
+            by_epoch[epoch] = _from_plan(job, shape, ranks, plan)
+        out.append(by_epoch[epoch])
+    return out
 
 
 class BalancednessCache:

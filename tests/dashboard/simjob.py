@@ -142,3 +142,62 @@ class SimJob:
             )
         self.writer.write(recs)
         return parts.sum(axis=0)
+
+    # ------------------------------------------------------------------ plans and memory
+
+    def ranks(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def slots_per_rank(self) -> int:
+        return -(-self.experts // self.ranks())
+
+    def identity(self) -> np.ndarray:
+        """int64 [L, G*S]: slot s holds expert s % E."""
+        row = np.arange(self.ranks() * self.slots_per_rank(), dtype=np.int64) % self.experts
+        return np.tile(row, (self.layers, 1))
+
+    def plan(self, phy2log: np.ndarray, status: str = "proposed", **fields) -> int:
+        """Store a plan of ``phy2log`` [L, G*S] with ``status``; returns its epoch."""
+        from controlplane.store import plans as P
+
+        return P.create_plan(self.writer.engine, self.job_id, phy2log, world_size=self.ranks(),
+                             slots_per_rank=self.slots_per_rank(), status=P.PlanStatus(status), **fields)
+
+    def apply(self, epoch: int, step: int) -> None:
+        """Walk a plan to applied at ``step`` as the agents would: approved, pushed, applied."""
+        from controlplane.store import plans as P
+
+        e = self.writer.engine
+        P.transition(e, self.job_id, epoch, P.PlanStatus.APPROVED, allowed_from=(P.PlanStatus.PROPOSED,))
+        P.transition(e, self.job_id, epoch, P.PlanStatus.PUSHED, allowed_from=(P.PlanStatus.APPROVED,))
+        for n in range(self.nodes):
+            P.record_report(e, self.job_id, epoch, self.node_id(n), "applied", step)
+
+    def memory(self, ts: float, step: int) -> None:
+        """Memory profiles of every device (node 0 gpu 0 above 90 % of 80 GiB) and one offload
+        decision proposed for that device."""
+        from controlplane.store import memory_profiles as M
+        from controlplane.store import offload as O
+
+        e = self.writer.engine
+        g = self.devices_per_node
+        for n in range(self.nodes):
+            profiles = []
+            for d, dev in enumerate(self.device_ids(n)):
+                params, grads, optim = 8 * GIB, 8 * GIB, 24 * GIB
+                acts = (34 if (n, d) == (0, 0) else 20) * GIB
+                profiles.append(M.ProfileRecord(
+                    self.job_id, dev, self.node_id(n), n * g + d, step, ts, 80 * GIB,
+                    params + grads + optim + acts + GIB, params, grads, optim, acts, 20e9, (), (),
+                ))
+            M.save_profiles(e, M.NodeMemoryRecord(self.job_id, self.node_id(n), step, ts, 256 * GIB), profiles)
+        O.create_decision(
+            e, self.job_id, device_id=self.device_ids(0)[0], node_id=self.node_id(0), rank=0,
+            verdict="apply", actions=[{"kind": "swap_activations", "layers": ["layer.3", "layer.4"],
+                                         "bytes_saved": 6 * GIB, "host_bytes": 6 * GIB,
+                                         "overhead_s": 0.01, "prefetch": True}],
+            undo=[], reason="peak 75 GiB above the high watermark 72 GiB", profile_step=step,
+            capacity_bytes=80 * GIB, used_bytes=75 * GIB, peak_now_bytes=75 * GIB,
+            predicted_peak_bytes=69 * GIB, high_watermark_bytes=72 * GIB, low_watermark_bytes=64 * GIB,
+            host_bytes=6 * GIB, overhead_s=0.01, clock=lambda: ts,
+        )
