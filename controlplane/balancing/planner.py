@@ -33,7 +33,7 @@ from controlplane.balancing.validate import check_count, check_loads, check_plac
 __all__ = ["Plan", "fresh_placement", "plan_placement"]
 
 _LAYER_STOP = 0.5  # a layer's search stops this share of the tolerance above its fresh plan
-_FRESH_ROUNDS = 16  # local-search rounds after EPLB greedy (each: one step per layer)
+_FRESH_ROUNDS = 4  # local-search rounds after EPLB greedy (each: one step per layer)
 
 
 @dataclass(frozen=True, eq=False)

@@ -36,32 +36,29 @@ def plan_transfers(
     key = (layer_ix * gpus + slot_gpu[None, :]) * num_experts + new
     flat_key = key[is_new]
     _, first = np.unique(flat_key, return_index=True)
-    lay = layer_ix[is_new][first]
-    slot = np.broadcast_to(np.arange(num_slots)[None, :], new.shape)[is_new][first]
-    exp = new[is_new][first]
-    order = np.lexsort((slot, lay))
-    lay, slot, exp = lay[order], slot[order], exp[order]
+    keep = np.zeros(flat_key.size, dtype=bool)
+    keep[first] = True  # row-major order: by layer, then slot
+    lay = layer_ix[is_new][keep]
+    slot = np.broadcast_to(np.arange(num_slots)[None, :], new.shape)[is_new][keep]
+    exp = new[is_new][keep]
     dst_gpu = slot // spg
     if lay.size == 0:
         return np.zeros((0, 4), dtype=np.int64), np.zeros(0, dtype=bool)
 
     holders = had[lay, :, exp]  # [M, G]
-    same = holders & ((np.arange(gpus)[None, :] // per_node) == (dst_gpu // per_node)[:, None])
+    node_of_gpu = np.arange(gpus) // per_node
+    same = holders & (node_of_gpu[None, :] == (dst_gpu // per_node)[:, None])
     cross = ~same.any(axis=1)
     pool = np.where(cross[:, None], holders, same)
     # turn-taking: the k-th move drawing on the same (layer, expert, pool) takes holder k mod n
-    pool_key = np.concatenate(
-        [lay[:, None], exp[:, None], np.where(cross, -1, dst_gpu // per_node)[:, None]], axis=1
-    )
-    _, inverse = np.unique(pool_key, axis=0, return_inverse=True)
-    inverse = inverse.ravel()
-    order = np.argsort(inverse, kind="stable")
-    sorted_inv = inverse[order]
-    turn = np.empty(len(inverse), dtype=np.int64)
-    turn[order] = np.arange(len(inverse)) - np.searchsorted(sorted_inv, sorted_inv, "left")
+    pool_key = (lay * num_experts + exp) * (nodes + 1) + np.where(cross, 0, dst_gpu // per_node + 1)
+    order = np.argsort(pool_key, kind="stable")
+    sorted_key = pool_key[order]
+    turn = np.empty(len(pool_key), dtype=np.int64)
+    turn[order] = np.arange(len(pool_key)) - np.searchsorted(sorted_key, sorted_key, "left")
     n_pool = pool.sum(axis=1)
     pick = turn % n_pool
-    rank = np.cumsum(pool, axis=1) - 1  # rank of each holder within its pool
-    src = np.argmax(pool & (rank == pick[:, None]), axis=1)
+    _, holder = np.nonzero(pool)  # row-major: each move's pool holders, lowest GPU first
+    src = holder[np.cumsum(n_pool) - n_pool + pick]
     transfers = np.stack([lay, slot, exp, src], axis=1).astype(np.int64)
     return transfers, cross

@@ -1,0 +1,247 @@
+"""Candidate steps of the local search (``search.py``), scored for every layer in one batch.
+
+For a layer whose most loaded GPU is ``a`` (``best_steps``):
+
+- *swap*: exchange the expert in a slot of ``a`` with the expert in a slot of a partner GPU;
+- *re-point elsewhere*: a partner-GPU slot holding an expert with >= 2 replicas is given one
+  more replica of an expert on ``a`` (``a`` sheds part of that expert's tokens);
+- *re-point on a*: a slot of ``a`` holding an expert with >= 2 replicas is given one of the
+  experts whose extra replica costs ``a`` the least.
+
+When moves are costed, the next most loaded GPUs of the layer each take their best swap in
+the same round (``extra_swaps``), each with a partner GPU no other step of the round uses, so
+the steps of a round touch disjoint GPUs.
+
+Each candidate's new load is computed exactly for swaps and bounded from above for re-points.
+With costs, a step's score is its gain toward the target level per move (a move whose weights
+must come from another node costs ``1 + cross_weight``); without, its drop of the layer's
+maximum.
+
+Shapes: A active layers, N = G*S slots, S slots per GPU, M partner GPUs, J = M*S partner slots.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["best_steps", "extra_swaps"]
+
+_REPOINT_CHOICES = 2  # candidate experts for a re-pointed slot of the most loaded GPU
+_MIN_COST = 0.5  # a step that costs no move is scored as if it cost half a move
+
+
+def _pair_cost(code, node_has, node_of_gpu, cross_weight, lid3, g, e):
+    """(gaining e on g is a move, losing e from g removes a move), weighted for cross-node."""
+    c_ = code[lid3, g, e]
+    weight = 1.0
+    if node_has is not None:
+        weight = 1.0 + cross_weight * ~node_has[lid3, node_of_gpu[g], e]
+    return (c_ == 0) * weight, (c_ == 2) * weight
+
+
+def _swap_cost(code, node_has, node_of_gpu, cross_weight, lid3, a3, xa3, b3, xj3):
+    """Weighted move cost of swapping expert ``xa`` on GPU ``a`` with ``xj`` on GPU ``b``."""
+    args = (code, node_has, node_of_gpu, cross_weight, lid3)
+    gain_bx, _ = _pair_cost(*args, b3, xa3)  # b gains a's expert
+    gain_ay, _ = _pair_cost(*args, a3, xj3)  # a gains b's expert
+    _, lose_ax = _pair_cost(*args, a3, xa3)
+    _, lose_by = _pair_cost(*args, b3, xj3)
+    return gain_bx + gain_ay - lose_ax - lose_by
+
+
+def best_steps(
+    active, ph, wa, ca, cx, per, lg, a, l1, second, light, cnt, code, node_has, node_of_gpu,
+    cross_weight, spg, level,
+):
+    """The best step for the most loaded GPU ``a [A]`` (load ``l1 [A]``) of each active layer.
+
+    ``ph [A, N]`` placements, ``wa [A, E]`` loads, ``ca [A, E]`` replica counts, ``cx [A, N]``
+    replicas of each slot's expert, ``per [A, N]`` load per slot, ``lg [A, G]`` GPU loads,
+    ``second [A, 2]`` the second and third most loaded GPUs, ``light [A, M]`` partner GPUs
+    (never ``a``), ``cnt / code [L, G, E]`` replicas per GPU (``code`` = 2 * replicas + held
+    in the reference, or None when moves are free), ``level [A]`` target GPU load (None: free
+    moves). Returns None when no layer has an improving step, else (layers, slot, expert,
+    slot2, expert2) arrays over the layers that step (``slot2 = -1`` for a re-point).
+    """
+    n_act, num_slots = ph.shape
+    rows = np.arange(n_act)
+    lid = active[:, None]
+    lid3 = active[:, None, None]
+    slot_gpu = np.arange(num_slots) // spg
+    t2 = second[:, 0]
+    l2 = lg[rows, t2]
+    l3 = lg[rows, second[:, 1]] if lg.shape[1] >= 3 else np.full(n_act, -np.inf)
+    js = (light[:, :, None] * spg + np.arange(spg)).reshape(n_act, -1)  # [A, J]
+    bj = js // spg
+
+    sa = a[:, None] * spg + np.arange(spg)  # [A, S] slots of the most loaded GPU
+    xa = np.take_along_axis(ph, sa, axis=1)
+    pa = np.take_along_axis(per, sa, axis=1)
+    wy = np.take_along_axis(wa, xa, axis=1)
+    cy = np.take_along_axis(ca, xa, axis=1)
+    xj = np.take_along_axis(ph, js, axis=1)
+    pj = np.take_along_axis(per, js, axis=1)
+    cj = np.take_along_axis(cx, js, axis=1)
+    lb = np.take_along_axis(lg, bj, axis=1)  # [A, J]
+    l1_3 = l1[:, None, None]
+
+    # swaps: slot i of a <-> slot j of a partner
+    delta = pa[:, :, None] - pj[:, None, :]
+    sw_new = np.maximum(l1_3 - delta, lb[:, None, :] + delta)
+    sw_ok = delta > 0
+
+    # re-point partner slot j (expert x with >= 2 replicas) to y = an expert on a
+    multi = cx > 1
+    per_minus = np.where(multi, np.take_along_axis(wa, ph, axis=1) / np.maximum(cx - 1, 1), 0.0)
+    dx_up = np.where(multi, per_minus - per, 0.0)  # [A, N] rise of each holder per replica
+    dy_down = wy / cy - wy / (cy + 1)  # [A, S]
+    per_plus = wy / (cy + 1)
+    n_slot_x = cnt[lid, slot_gpu[None, :], ph]  # [A, N] replicas of x on the slot's GPU
+    holder = lg[:, slot_gpu] + n_slot_x * dx_up
+    holder[slot_gpu[None, :] == a[:, None]] = -np.inf
+    hx = np.full(wa.shape, -np.inf)  # max new load of x's holders other than a  [A, E]
+    np.maximum.at(hx, (np.broadcast_to(rows[:, None], ph.shape), ph), holder)
+    n_a_y = cnt[lid, a[:, None], xa]  # [A, S]
+    dx_up_j = np.take_along_axis(dx_up, js, axis=1)
+    n_a_xj = cnt[lid, a[:, None], xj]  # [A, J]
+    n_b_xj = np.take_along_axis(n_slot_x, js, axis=1)
+    n_b_y = cnt[lid3, bj[:, None, :], xa[:, :, None]]  # [A, S, J]
+    ra_a = l1_3 - (n_a_y * dy_down)[:, :, None] + (n_a_xj * dx_up_j)[:, None, :]
+    ra_b = (
+        (lb + n_b_xj * dx_up_j - np.take_along_axis(per_minus, js, axis=1))[:, None, :]
+        - n_b_y * dy_down[:, :, None]
+        + per_plus[:, :, None]
+    )
+    ra_new = np.maximum(np.maximum(ra_a, ra_b), np.take_along_axis(hx, xj, axis=1)[:, None, :])
+    ra_ok = (cj > 1)[:, None, :] & (xj[:, None, :] != xa[:, :, None])
+
+    # re-point slot i of a (expert with >= 2 replicas) to an expert that costs a the least
+    n_a_all = cnt[active, a, :]  # [A, E]
+    term = (n_a_all + 1) * wa / (ca + 1) - n_a_all * wa / ca
+    ycand = np.argpartition(term, _REPOINT_CHOICES - 1, axis=1)[:, :_REPOINT_CHOICES]  # [A, K]
+    t_y = np.take_along_axis(term, ycand, axis=1)
+    rb_a = (
+        l1[:, None]
+        + n_a_y * np.take_along_axis(dx_up, sa, axis=1)
+        - np.take_along_axis(per_minus, sa, axis=1)
+    )[:, :, None] + t_y[:, None, :]
+    rb_new = np.maximum(rb_a, np.take_along_axis(hx, xa, axis=1)[:, :, None])
+    rb_ok = (cy > 1)[:, :, None] & (ycand[:, None, :] != xa[:, :, None])
+
+    # new_local: new load of every GPU the step changes (an upper bound for re-points)
+    new_local = np.concatenate(
+        [sw_new.reshape(n_act, -1), ra_new.reshape(n_act, -1), rb_new.reshape(n_act, -1)],
+        axis=1,
+    )
+    valid = np.concatenate(
+        [sw_ok.reshape(n_act, -1), ra_ok.reshape(n_act, -1), rb_ok.reshape(n_act, -1)], axis=1
+    )
+    useful = valid & (new_local < l1[:, None] * (1 - 1e-9))
+    if level is None:
+        # free moves: the gain is the drop of the layer's maximum GPU load
+        m_excl = np.where(bj == t2[:, None], l3[:, None], l2[:, None])
+        floor = np.concatenate(
+            [
+                np.broadcast_to(m_excl[:, None, :], sw_new.shape).reshape(n_act, -1),
+                np.broadcast_to(l2[:, None], (n_act, ra_new[0].size + rb_new[0].size)),
+            ],
+            axis=1,
+        )
+        gain = l1[:, None] - np.maximum(new_local, floor)
+        useful &= gain > 1e-9 * l1[:, None]
+        score = np.where(useful, gain, -np.inf)
+    else:
+        # costed moves: the gain is how far the step brings this GPU toward the target level
+        # (a small share of any further drop breaks ties toward more margin)
+        gain = l1[:, None] - np.maximum(new_local, level[:, None]) + 0.01 * (
+            l1[:, None] - new_local
+        )
+        args = (code, node_has, node_of_gpu, cross_weight, lid3)
+        a3 = a[:, None, None]
+        b3 = bj[:, None, :]
+        sw_cost = _swap_cost(*args, a3, xa[:, :, None], b3, xj[:, None, :])
+        gain_bx, _ = _pair_cost(*args, b3, xa[:, :, None])
+        _, lose_bx = _pair_cost(*args, b3, xj[:, None, :])
+        ra_cost = gain_bx - lose_bx
+        gain_ay, _ = _pair_cost(*args, a3, ycand[:, None, :])
+        _, lose_ax = _pair_cost(*args, a3, xa[:, :, None])
+        rb_cost = np.broadcast_to(gain_ay - lose_ax, rb_new.shape)
+        cost = np.concatenate(
+            [sw_cost.reshape(n_act, -1), ra_cost.reshape(n_act, -1),
+             rb_cost.reshape(n_act, -1)],
+            axis=1,
+        )
+        score = np.where(useful, gain / np.maximum(cost, _MIN_COST), -np.inf)
+    best = np.argmax(score, axis=1)
+    ok = np.isfinite(score[rows, best])
+    if not ok.any():
+        return None
+    r = np.nonzero(ok)[0]
+    best = best[r]
+    n_j = js.shape[1]
+    n_sw = spg * n_j
+    kind = (best >= n_sw).astype(np.int64) + (best >= 2 * n_sw)
+    within = best - kind * n_sw
+    # np.where evaluates every branch: keep each decoding in range
+    i_sj = np.minimum(within // n_j, spg - 1)
+    j_sj = within % n_j
+    i_rb = np.minimum(within // _REPOINT_CHOICES, spg - 1)
+    k_rb = within % _REPOINT_CHOICES
+    s1 = np.where(kind == 0, sa[r, i_sj], np.where(kind == 1, js[r, j_sj], sa[r, i_rb]))
+    e1 = np.where(kind == 0, xj[r, j_sj], np.where(kind == 1, xa[r, i_sj], ycand[r, k_rb]))
+    s2 = np.where(kind == 0, js[r, j_sj], -1)
+    e2 = np.where(kind == 0, xa[r, i_sj], -1)
+    return active[r], s1, e1, s2, e2
+
+
+def extra_swaps(
+    active, ph, per, lg, heavy, partners, taken, code, node_has, node_of_gpu, cross_weight,
+    spg, level,
+):
+    """The best swap of each further heavy GPU (costed moves only), heaviest first, each with
+    a partner GPU that no earlier step of the round in that layer uses.
+
+    ``heavy [A, H]`` GPUs (the 2nd, 3rd, ... most loaded), ``partners [A, M]`` candidate
+    partner GPUs (never in ``heavy``), ``taken [A, G]`` bool: GPUs already used this round
+    (updated in place); other arguments as in ``best_steps``. Returns None or (layers, slot,
+    expert, slot2, expert2) over the (layer, heavy GPU) pairs with a swap gaining toward
+    ``level``, ordered by layer then heaviness.
+    """
+    n_act, n_heavy = heavy.shape
+    rows = np.arange(n_act)
+    lh = np.take_along_axis(lg, heavy, axis=1)  # [A, H]
+    sa = (heavy[:, :, None] * spg + np.arange(spg)).reshape(n_act, -1)  # [A, H*S]
+    js = (partners[:, :, None] * spg + np.arange(spg)).reshape(n_act, -1)  # [A, J]
+    bj = js // spg
+    n_j = js.shape[1]
+    xa = np.take_along_axis(ph, sa, axis=1).reshape(n_act, n_heavy, spg)
+    pa = np.take_along_axis(per, sa, axis=1).reshape(n_act, n_heavy, spg)
+    xj = np.take_along_axis(ph, js, axis=1)
+    pj = np.take_along_axis(per, js, axis=1)
+    lb = np.take_along_axis(lg, bj, axis=1)  # [A, J]
+    lh4 = lh[:, :, None, None]
+    delta = pa[:, :, :, None] - pj[:, None, None, :]  # [A, H, S, J]
+    new_local = np.maximum(lh4 - delta, lb[:, None, None, :] + delta)
+    lev = level[:, None, None, None]
+    gain = lh4 - np.maximum(new_local, lev) + 0.01 * (lh4 - new_local)
+    useful = (delta > 0) & (new_local < lh4 * (1 - 1e-9)) & (lh4 > lev)
+    cost = _swap_cost(
+        code, node_has, node_of_gpu, cross_weight, active[:, None, None, None],
+        heavy[:, :, None, None], xa[:, :, :, None], bj[:, None, None, :],
+        xj[:, None, None, :],
+    )
+    score = np.where(useful, gain / np.maximum(cost, _MIN_COST), -np.inf)
+    out = []
+    for h in range(n_heavy):
+        sc = np.where(taken[rows[:, None], bj][:, None, :], -np.inf, score[:, h])
+        sc = sc.reshape(n_act, -1)
+        best = np.argmax(sc, axis=1)
+        r = np.nonzero(np.isfinite(sc[rows, best]))[0]
+        if r.size == 0:
+            continue
+        i, j = np.divmod(best[r], n_j)
+        taken[r, bj[r, j]] = True
+        out.append((active[r], sa[r, h * spg + i], xj[r, j], js[r, j], xa[r, h, i]))
+    if not out:
+        return None
+    return tuple(np.concatenate(parts) for parts in zip(*out, strict=True))
