@@ -118,7 +118,8 @@ def best_steps(
     # re-point slot i of a (expert with >= 2 replicas) to an expert that costs a the least
     n_a_all = cnt[active, a, :]  # [A, E]
     term = (n_a_all + 1) * wa / (ca + 1) - n_a_all * wa / ca
-    ycand = np.argpartition(term, _REPOINT_CHOICES - 1, axis=1)[:, :_REPOINT_CHOICES]  # [A, K]
+    n_y = min(_REPOINT_CHOICES, term.shape[1])
+    ycand = np.argpartition(term, n_y - 1, axis=1)[:, :n_y]  # [A, K] cheapest, any order
     t_y = np.take_along_axis(term, ycand, axis=1)
     rb_a = (
         l1[:, None]
@@ -185,8 +186,8 @@ def best_steps(
     # np.where evaluates every branch: keep each decoding in range
     i_sj = np.minimum(within // n_j, spg - 1)
     j_sj = within % n_j
-    i_rb = np.minimum(within // _REPOINT_CHOICES, spg - 1)
-    k_rb = within % _REPOINT_CHOICES
+    i_rb = np.minimum(within // n_y, spg - 1)
+    k_rb = within % n_y
     s1 = np.where(kind == 0, sa[r, i_sj], np.where(kind == 1, js[r, j_sj], sa[r, i_rb]))
     e1 = np.where(kind == 0, xj[r, j_sj], np.where(kind == 1, xa[r, i_sj], ycand[r, k_rb]))
     s2 = np.where(kind == 0, js[r, j_sj], -1)
