@@ -45,14 +45,24 @@ class Demo:
             time.sleep(0.1)
         raise RuntimeError(f"control plane not serving {url} after {timeout}s")
 
+    MARKER = ".moeplane-demo-data"
+
+    def _prepare_dir(self, keep: bool) -> None:
+        """A fresh data directory per run: the simulated job restarts at step 0 each time, and
+        old steps in the store would make its new loads look like resends."""
+        if self.dir.exists() and not keep:
+            if not (self.dir / self.MARKER).exists() and any(self.dir.iterdir()):
+                raise SystemExit(f"--data-dir {self.dir} is not empty and not a demo directory; refusing to clear it")
+            shutil.rmtree(self.dir)
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        (self.dir / self.MARKER).touch()
+
     def _stop(self, *_):
         self._stopping = True
 
     def run(self) -> int:
         a = self.args
-        if a.fresh and self.dir.exists():
-            shutil.rmtree(self.dir)
-        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        self._prepare_dir(keep=a.keep_data)
         signal.signal(signal.SIGINT, self._stop)
         signal.signal(signal.SIGTERM, self._stop)
         base = f"http://127.0.0.1:{a.http_port}"

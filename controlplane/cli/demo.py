@@ -22,7 +22,8 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=int, default=4)
     p.add_argument("--step-time", type=float, default=1.0, help="seconds per simulated training step")
     p.add_argument("--steps", type=int, default=0, help="steps to run (0: until stopped)")
-    p.add_argument("--fresh", action="store_true", help="delete the data directory first")
+    p.add_argument("--keep-data", action="store_true",
+                   help="keep the previous run's database and spools (default: start fresh)")
     p.set_defaults(func=main)
 
 
