@@ -144,5 +144,18 @@ def test_history_page_sums_a_step_range(store, dashboard_server, browser):
     assert "steps 1–3" in text_of(browser, "history-status")
     assert figure(browser, "history-balancedness")["data"][0]["x"] == [1, 2, 3]
     assert figure(browser, "history-steptime")["data"][0]["x"] == [1, 2, 3]
+
+    # the cluster grid as it was at step 3, not as it is now (later samples were written since)
+    at = rows[-1]["ts"]
+    r, c = grid_cell(engine, "node-2/gpu3")
+    then = q.device_history(engine, "node-2/gpu3", "utilization_ratio", q.Range(start=at, end=at + 0.5))
+    assert len(then) == 1
+    wait_for(lambda: (figure(browser, "history-cluster-grid") or {}).get("data")
+             and figure(browser, "history-cluster-grid")["data"][0]["z"][r][c] == round(then[0]["value"] * 100, 3),
+             what="node-2/gpu3's utilization at step 3 in the history grid")
+    grid = figure(browser, "history-cluster-grid")
+    cells = [v for row in grid["data"][0]["z"] for v in row if v is not None]
+    assert len(cells) == sim.nodes * sim.devices_per_node
+    assert "as of" in text_of(browser, "history-cluster-summary")
     browser.save_screenshot(str(SCREENSHOTS / "history.png"))
     assert severe_console_errors(browser) == []
