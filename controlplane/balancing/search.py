@@ -22,7 +22,7 @@ from controlplane.balancing.steps import best_steps, extra_swaps
 
 __all__ = ["Trajectory", "local_search"]
 
-_PARTNERS = 12  # partner GPUs searched per round: the lightest
+_PARTNER_SLOTS = 60  # slots on partner GPUs (the lightest) searched per round, about
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def local_search(
     slot_gpu = np.arange(num_slots) // spg
     costed = reference is not None
     heavy = _heavy_count(gpus, costed)
-    n_part = min(_PARTNERS, gpus - heavy)  # partner GPUs: the lightest
+    n_part = min(-(-_PARTNER_SLOTS // spg), gpus - heavy)  # partner GPUs: the lightest
     # code = 2 * replicas + (GPU held the expert in the reference): 0 = gaining the expert
     # is a move, 2 = losing the only replica removes a move, anything else changes nothing.
     node_has = code = ref_has = None
