@@ -6,7 +6,8 @@ p95 (``numpy.percentile`` linear interpolation, computed in float64). Each tier 
 from raw data, so a tier bucket equals the same bucket computed from raw.
 
 Combining several tier rows into one wider bucket: count and sum add, max is the max; p95 is
-exact for a single row and otherwise the max of the rows' p95 (an upper bound).
+exact for a single row and otherwise the max of the K rows' p95s, an approximation with at
+most 5 % + K of the bucket's values above it.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def load_stats(counts: np.ndarray) -> np.ndarray:
 
 
 def combine_load_stats(stats: np.ndarray) -> np.ndarray:
-    """[K, 3, L, E] (sum, max, p95) → [3, L, E]; p95 exact for K == 1, else max of p95s."""
+    """[K, 3, L, E] (sum, max, p95) → [3, L, E]; p95 exact for K == 1, else max of p95s
+    (approximate, see the module docstring)."""
     s = np.asarray(stats, dtype=np.float64)
     if s.shape[0] == 1:
         return s[0].copy()
