@@ -22,6 +22,9 @@ class Batcher:
     Args:
         write: stores a batch in one transaction; returns a duplicate flag per record.
         max_batch: most records per transaction.
+        linger_s: after the first record of a batch, wait this long (seconds) for more unless
+            ``max_batch`` arrive sooner: bigger transactions cost far less per record (group
+            commit); acknowledgements wait at most this much longer.
         on_commit: called (in the loop) with the committed, non-duplicate records.
     """
 
@@ -30,10 +33,15 @@ class Batcher:
         write: Callable[[Sequence[SequencedRecord]], list[bool]],
         *,
         max_batch: int = 512,
+        linger_s: float = 0.02,
         on_commit: Callable[[list[SequencedRecord]], None] | None = None,
     ):
         self._write = write
         self._max_batch = max_batch
+        if linger_s < 0:
+            raise ValueError(f"linger_s: must be >= 0, got {linger_s}")
+        self._linger_s = linger_s
+        self._full = asyncio.Event()
         self._on_commit = on_commit
         self._queue: asyncio.Queue[tuple[SequencedRecord, asyncio.Future]] = asyncio.Queue()
         self._task: asyncio.Task | None = None
@@ -52,6 +60,8 @@ class Batcher:
     def submit(self, record: SequencedRecord) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((record, fut))
+        if self._queue.qsize() >= self._max_batch:
+            self._full.set()
         return fut
 
     async def _write_singly(self, batch) -> list[bool | None]:
@@ -71,6 +81,10 @@ class Batcher:
         while True:
             first = await self._queue.get()
             batch = [first]
+            if self._linger_s and self._queue.qsize() + 1 < self._max_batch:
+                self._full.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._full.wait(), self._linger_s)
             while len(batch) < self._max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             records = [r for r, _ in batch]

@@ -8,6 +8,7 @@ INVALID_ARGUMENT; the stream and the rest of the batch go on.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,7 @@ MAX_ID = 128
 MAX_DEVICES = 4096
 MAX_METRICS = 256
 MAX_DIM = 65536
+_CONTROL = re.compile(r"[\x00-\x1f]")
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ def _check_id(value: str, field: str, *, allow_empty: bool = False) -> str:
         raise WireError(field, "must not be empty")
     if len(value) > MAX_ID:
         raise WireError(field, f"longer than {MAX_ID} characters")
-    if any(ord(c) < 32 for c in value):
+    if _CONTROL.search(value):
         raise WireError(field, "contains control characters")
     return value
 
@@ -105,13 +107,15 @@ def samples_record(msg: pb.DeviceSamples, *, node_id: str, seq: int, known_devic
         raise WireError("samples.device_ids", "must not be empty")
     if m == 0 or m > MAX_METRICS:
         raise WireError("samples.metrics", f"must hold 1..{MAX_METRICS} names, got {m}")
-    for i, did in enumerate(msg.device_ids):
-        if did not in known_devices:
-            raise WireError(f"samples.device_ids[{i}]", f"{did!r} is not a device of node {node_id!r} (declare it in hello)")
+    if not known_devices.issuperset(msg.device_ids):
+        for i, did in enumerate(msg.device_ids):
+            if did not in known_devices:
+                raise WireError(f"samples.device_ids[{i}]", f"{did!r} is not a device of node {node_id!r} (declare it in hello)")
     if len(set(msg.metrics)) != m:
         raise WireError("samples.metrics", "names must be unique")
-    for i, name in enumerate(msg.metrics):
-        _check_id(name, f"samples.metrics[{i}]")
+    if "" in msg.metrics or max(map(len, msg.metrics)) > MAX_ID or _CONTROL.search("".join(msg.metrics)):
+        for i, name in enumerate(msg.metrics):
+            _check_id(name, f"samples.metrics[{i}]")
     values = decode_array(msg.values, "samples.values", ndim=2, shape=(d, m), kinds="f", finite=False)
     if np.isinf(values).any():
         raise WireError("samples.values", "contains infinity (use NaN for 'not measured')")
