@@ -36,7 +36,7 @@ Start = Annotated[float | None, Query(ge=0, le=1e11, description="unix s, inclus
 End = Annotated[float | None, Query(ge=0, le=1e11, description="unix s, exclusive (rounded up to a bucket)")]
 StepStart = Annotated[int | None, Query(ge=0, le=2**62, description="from this step, inclusive")]
 StepEnd = Annotated[int | None, Query(ge=0, le=2**62, description="to this step, exclusive")]
-Bucket = Annotated[int | None, Query(ge=1, le=604800, description="bucket width, s; default fits 500 buckets")]
+Bucket = Annotated[int | None, Query(ge=1, le=604800, description="bucket width, s; default: the range in one page (<= 500 buckets)")]
 Limit = Annotated[int, Query(ge=1, le=H.MAX_BUCKETS, description="most buckets in this page")]
 Format = Annotated[Literal["json", "csv"], Query(description="json (default) or csv")]
 
@@ -47,6 +47,7 @@ class Page(BaseModel):
     start: int
     end: int
     next_start: int | None
+    raw_from: int
 
 
 class MetricPoint(BaseModel):
@@ -141,7 +142,7 @@ def _window(request: Request, engine, start, end, step_start, step_end, bucket_s
 
 def _empty(bucket_s: int | None, **extra) -> dict:
     return {"bucket_s": bucket_s or 1, "source": "raw", "start": 0, "end": 0, "next_start": None,
-            "items": []} | extra
+            "raw_from": 0, "items": []} | extra
 
 
 def _csv(rows: list[dict], columns: list[str], page: dict) -> Response:

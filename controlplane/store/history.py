@@ -50,14 +50,15 @@ def plan_window(start: float, end: float, bucket_s: int | None, limit: int, now:
                 policy: RetentionPolicy, points: int = 500, raw_kind: str = "samples") -> Window:
     """Choose bucket width and source for [start, end) (unix s). Pure.
 
-    bucket_s None: the smallest of ``NICE_BUCKETS`` giving at most ``points`` buckets.
+    bucket_s None: the smallest of ``NICE_BUCKETS`` giving at most min(points, limit) buckets,
+    so the whole range fits one page.
     """
     if end <= start:
         raise ValueError("end: must be after start")
     if limit < 1 or limit > MAX_BUCKETS:
         raise ValueError(f"limit: must be in 1..{MAX_BUCKETS}, got {limit}")
     if bucket_s is None:
-        want = (end - start) / points
+        want = (end - start) / min(points, limit)
         bucket_s = next((b for b in NICE_BUCKETS if b >= want), NICE_BUCKETS[-1])
     if bucket_s < 1:
         raise ValueError(f"bucket_s: must be >= 1, got {bucket_s}")
@@ -92,9 +93,11 @@ def _mark(conn: Connection, kind: str, tier: int) -> float | None:
     return tiers.watermark(conn, kind, tier) if tier else None
 
 
-def _header(win: Window) -> dict:
+def _header(win: Window, split: int) -> dict:
+    """``source`` is the tier chosen; buckets from ``raw_from`` on were not rolled up yet and
+    come from raw data."""
     return {"bucket_s": win.bucket_s, "source": win.source_name, "start": win.start, "end": win.end,
-            "next_start": win.next_start}
+            "next_start": win.next_start, "raw_from": split}
 
 
 def _job(conn: Connection, job_id: str):
@@ -150,7 +153,7 @@ def device_metric(engine: Engine, device_id: str, metric: str, win: Window) -> d
         if s[0] > 0:
             items.append({"start": b, "count": int(s[0]), "mean": float(s[1]), "max": float(s[2]),
                           "p95": float(s[3])})
-    return _header(win) | {"device_id": device_id, "metric": metric, "items": items}
+    return _header(win, split) | {"device_id": device_id, "metric": metric, "items": items}
 
 
 # ---------------------------------------------------------------- step statistics
@@ -206,7 +209,7 @@ def step_stats(engine: Engine, job_id: str, win: Window, rank: int | None = None
                 continue
             row = dict(zip(tiers.STEP_COLUMNS, (float(v) for v in stats[g]), strict=True))
             items.append({"start": b, "rank": g} | row | {"count": int(row["count"]), "tokens": int(row["tokens"])})
-    return _header(win) | {"job_id": job_id, "items": items}
+    return _header(win, split) | {"job_id": job_id, "items": items}
 
 
 def _empty_ranks(n: int) -> np.ndarray:

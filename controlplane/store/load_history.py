@@ -144,7 +144,7 @@ def load_history(engine: Engine, job_id: str, win: Window, *, view: str = "matri
             values = _aggregate(counts.astype(np.float64), agg)
         items.append({"start": b, "steps": n, "step_first": first, "step_last": last,
                       "values": _select(values, view, layer, expert)})
-    return _header(win) | {"job_id": job_id, "view": view, "agg": agg, "items": items}
+    return _header(win, split) | {"job_id": job_id, "view": view, "agg": agg, "items": items}
 
 
 def _ranks_of(counts, step, plan_steps, ident, world, layer) -> np.ndarray:

@@ -1,0 +1,28 @@
+"""A live control plane (real server on the shared loop) with a few hours of recent history."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from controlplane.controller.runner import identity
+from controlplane.store import plans as P
+from tests.controlplane.serverthread import running_server
+from tests.history.data import EXPERTS, LAYERS, RANKS, fill
+
+HOURS = 2.5
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    url = f"sqlite:///{tmp_path_factory.mktemp('hist') / 'm.sqlite'}"
+    with running_server(url) as srv:
+        t0 = math.floor((time.time() - 3 * 3600) / 3600) * 3600
+        srv["t0"] = t0
+        srv["data"] = fill(srv["engine"], t0, HOURS * 3600)
+        srv["epoch"] = P.create_plan(srv["engine"], "j", identity(LAYERS, EXPERTS, RANKS, EXPERTS // RANKS),
+                                     world_size=RANKS, slots_per_rank=EXPERTS // RANKS, reason="test")
+        srv["base"] = f"http://127.0.0.1:{srv['http_port']}"
+        yield srv
