@@ -1,0 +1,260 @@
+"""Ingest at scale: end-to-end cost of expert loads and device telemetry, against the bare
+transport and a plain PostgreSQL COPY measured in the same run.
+
+    .venv/bin/python -m benchmarks.ingest --nodes 128 --step-time 1.25 --duration 40 \
+        --out docs/bench-ingest.md
+
+Every scenario runs a real ``moeplane serve`` (or the bare transport server) and a real
+``moeplane loadgen`` in separate processes on loopback. CPU is the serving process's
+user+system time (psutil) from the loadgen's start to its exit (hello and drain included);
+PostgreSQL server CPU is reported beside it. Scenarios:
+
+- bare: ``benchmarks.bare_ingest`` — the same stream and bytes, numpy.frombuffer + sum;
+- cp-pg / cp-sqlite: the control plane, loads only (per rank, no node aggregation);
+- copy-loads: one Python process COPYs the same per-rank rows (job, step, rank, counts bytea);
+- telemetry-pg: the control plane, device samples only; copy-frames / copy-narrow: the same
+  frames (layout, ts, float32 [D, M] blob) and the same samples as narrow rows, by COPY;
+- freshness-pg: loads again while polling REST ``/loads/latest`` every 50 ms: step finished
+  (its timestamp) → the step's global matrix complete (all ranks summed) in the REST answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psycopg
+
+from benchmarks.scaleharness import (
+    Meter,
+    cpu_of,
+    free_port,
+    loadgen,
+    pg_database,
+    postgres_cpu,
+    read_json,
+    sqlite_database,
+    start_serve,
+)
+from controlplane.loadgen.stats import percentiles, summary
+
+
+def run_loadgen_against(target_pid: int, target: str, tmp: Path, lg_args: list[str], name: str,
+                        *, during=None) -> dict:
+    """Run loadgen against ``target``; CPU of ``target_pid`` and postgres over the run."""
+    cpu0, pg0, t0 = cpu_of(target_pid), postgres_cpu(), time.time()
+    with Meter({"srv": target_pid}) as meter:
+        proc = loadgen([target], tmp, *lg_args, name=name)
+        if during is not None:
+            during(proc)
+        proc.wait()
+    cpu1, pg1, t1 = cpu_of(target_pid), postgres_cpu(), time.time()
+    merged = read_json(tmp, name)
+    s = summary(merged)
+    start, end = merged["started_at"], merged["ended_at"]
+    steady, secs = meter.delta("srv", start + 3, end)
+    return s | {"srv_cpu_s": cpu1 - cpu0, "pg_cpu_s": pg1 - pg0, "span_s": t1 - t0,
+                "steady_core_share": steady / secs if secs > 0 else None,
+                "rss_max": max(r.get("srv_rss", 0) for r in meter.samples)}
+
+
+def lg_loads_args(a) -> list[str]:
+    return ["--nodes", str(a.nodes), "--step-time", str(a.step_time), "--sample-interval", "0",
+            "--duration", str(a.duration), "--processes", str(a.lg_processes), "--job", "bench",
+            "--max-in-flight", str(a.max_in_flight)]
+
+
+def lg_samples_args(a) -> list[str]:
+    return ["--nodes", str(a.sample_nodes), "--step-time", "0", "--sample-interval", "1",
+            "--duration", str(a.duration), "--processes", str(a.lg_processes), "--job", "bench"]
+
+
+def scenario_bare(a, tmp: Path) -> dict:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.bare_ingest", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc.stdout.readline()
+    try:
+        return run_loadgen_against(proc.pid, f"127.0.0.1:{port}", tmp, lg_loads_args(a), "bare")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def scenario_cp(a, tmp: Path, url: str, name: str, lg_args: list[str], *, during_factory=None) -> dict:
+    srv = start_serve(url, tmp, name=name)
+    try:
+        during = during_factory(srv) if during_factory else None
+        out = run_loadgen_against(srv.pid, srv.grpc, tmp, lg_args, name, during=during)
+        if url.startswith("postgresql"):
+            with psycopg.connect(url.replace("+psycopg", "")) as conn:
+                out["frames_bytes"] = conn.execute(
+                    "SELECT pg_total_relation_size('sample_frames')").fetchone()[0]
+        out["serve"] = srv
+        return out
+    finally:
+        srv.stop()
+
+
+def _timed_copy(url: str, ddl: str, copy_sql: str, rows) -> dict:
+    with psycopg.connect(url.replace("+psycopg", "")) as conn:
+        conn.execute(ddl)
+        conn.commit()
+        pg0, c0, w0 = postgres_cpu(), time.process_time(), time.perf_counter()
+        with conn.cursor() as cur, cur.copy(copy_sql) as cp:
+            for row in rows:
+                cp.write_row(row)
+        conn.commit()
+        c1, w1, pg1 = time.process_time(), time.perf_counter(), postgres_cpu()
+    return {"client_cpu_s": c1 - c0, "wall_s": w1 - w0, "pg_cpu_s": pg1 - pg0}
+
+
+def scenario_copy_loads(a, url: str, messages: int) -> dict:
+    L, E = 58, 256
+    rng = np.random.default_rng(0)
+    pool = [rng.integers(0, 4000, size=(L, E)).astype("<i4").tobytes() for _ in range(8)]
+    rows = ((("bench", i // 8, i % 8, pool[i % 8])) for i in range(messages))
+    out = _timed_copy(url, "CREATE TABLE copy_loads (job_id text, step bigint, rank int, counts bytea, "
+                      "PRIMARY KEY (job_id, step, rank))",
+                      "COPY copy_loads (job_id, step, rank, counts) FROM STDIN", rows)
+    return out | {"counters": messages * L * E}
+
+
+def scenario_copy_samples(a, url: str, frames: int, devices: int = 8, metrics: int = 16) -> dict:
+    rng = np.random.default_rng(0)
+    blob = rng.random((devices, metrics), dtype=np.float32).tobytes()
+    frame_rows = ((i % a.sample_nodes, 1.7e9 + i, blob) for i in range(frames))
+    f = _timed_copy(url, "CREATE TABLE copy_frames (layout int, ts float8, values bytea)",
+                    "COPY copy_frames (layout, ts, values) FROM STDIN", frame_rows)
+    vals = rng.random(devices * metrics, dtype=np.float32).tolist()
+    narrow = ((i % (a.sample_nodes * devices), m, 1.7e9 + i // devices, vals[m])
+              for i in range(frames * devices) for m in range(metrics))
+    n = _timed_copy(url, "CREATE TABLE copy_narrow (device int, metric int, ts float8, value float4)",
+                    "COPY copy_narrow (device, metric, ts, value) FROM STDIN", narrow)
+    with psycopg.connect(url.replace("+psycopg", "")) as conn:
+        f["bytes"] = conn.execute("SELECT pg_total_relation_size('copy_frames')").fetchone()[0]
+        n["bytes"] = conn.execute("SELECT pg_total_relation_size('copy_narrow')").fetchone()[0]
+    samples = frames * devices * metrics
+    return {"frames": f, "narrow": n, "samples": samples}
+
+
+def freshness_poller(expected_parts: int, results: list[float]):
+    def factory(srv):
+        def during(proc: subprocess.Popen):
+            seen: set[int] = set()
+            with httpx.Client(base_url=srv.http + "/api/v1", timeout=5) as http:
+                while proc.poll() is None:
+                    r = http.get("/jobs/bench/loads/latest")
+                    if r.status_code == 200 and r.json():
+                        body = r.json()
+                        if body["nodes_reported"] >= expected_parts and body["step"] not in seen:
+                            seen.add(body["step"])
+                            results.append(time.time() - body["ts"])
+                    time.sleep(0.05)
+        return lambda proc: threading.Thread(target=during, args=(proc,), daemon=True).start()
+    return factory
+
+
+def per_million(cpu_s: float, counters: int) -> float:
+    return cpu_s / max(counters, 1) * 1e6
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=128, help="nodes x 8 ranks reporting loads")
+    ap.add_argument("--step-time", type=float, default=1.25)
+    ap.add_argument("--sample-nodes", type=int, default=1024, help="nodes x 8 devices sampling at 1 Hz")
+    ap.add_argument("--duration", type=float, default=40)
+    ap.add_argument("--lg-processes", type=int, default=2)
+    ap.add_argument("--max-in-flight", type=int, default=64)
+    ap.add_argument("--skip", default="", help="comma-separated scenarios to skip")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    skip = set(filter(None, a.skip.split(",")))
+    tmp = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
+    res: dict = {}
+    fresh: list[float] = []
+    loads_msgs_per_s = a.nodes * 8 / a.step_time
+    print(f"loads: {a.nodes} nodes x 8 ranks, step {a.step_time}s = {loads_msgs_per_s:.0f} msg/s, "
+          f"{loads_msgs_per_s * 58 * 256 / 1e6:.2f} M counters/s offered", flush=True)
+    if "bare" not in skip:
+        res["bare"] = scenario_bare(a, tmp)
+        print("bare", res["bare"], flush=True)
+    if "cp-pg" not in skip:
+        with pg_database() as url:
+            res["cp-pg"] = scenario_cp(a, tmp, url, "cp-pg", lg_loads_args(a))
+            print("cp-pg", res["cp-pg"], flush=True)
+            msgs = res["cp-pg"]["acked"].get("loads", 0)
+            res["copy-loads"] = scenario_copy_loads(a, url, max(msgs, 1))
+            print("copy-loads", res["copy-loads"], flush=True)
+    if "cp-sqlite" not in skip:
+        with sqlite_database() as url:
+            res["cp-sqlite"] = scenario_cp(a, tmp, url, "cp-sqlite", lg_loads_args(a))
+            print("cp-sqlite", res["cp-sqlite"], flush=True)
+    if "telemetry" not in skip:
+        with pg_database() as url:
+            res["telemetry-pg"] = scenario_cp(a, tmp, url, "telemetry-pg", lg_samples_args(a))
+            print("telemetry-pg", res["telemetry-pg"], flush=True)
+            frames = res["telemetry-pg"]["acked"].get("samples", 0)
+            res["copy-samples"] = scenario_copy_samples(a, url, max(frames, 1))
+            print("copy-samples", res["copy-samples"], flush=True)
+    if "freshness" not in skip:
+        with pg_database() as url:
+            res["freshness-pg"] = scenario_cp(
+                a, tmp, url, "freshness-pg", lg_loads_args(a),
+                during_factory=freshness_poller(a.nodes * 8, fresh))
+            res["freshness-pg"]["freshness"] = percentiles(fresh) | {"steps": len(fresh)}
+            print("freshness", res["freshness-pg"]["freshness"], flush=True)
+    report = render(a, res, argv if argv is not None else sys.argv[1:])
+    print(report)
+    if a.out:
+        a.out.write_text(report)
+    return 0
+
+
+def render(a, res: dict, argv) -> str:
+    lines = [
+        "# Ingest at scale", "",
+        "Command: `.venv/bin/python -m benchmarks.ingest " + " ".join(argv) + "`", "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores shared with other engineers' work "
+        "(noisy); every number below comes from one run, compare the ratios.", "",
+        f"Load: {a.nodes} nodes × 8 ranks, one ExpertLoads of 58×256 int32 per rank per "
+        f"{a.step_time} s step (no node aggregation); telemetry: {a.sample_nodes} nodes × 8 devices "
+        f"× 16 metrics at 1 Hz; {a.duration} s per scenario.", "",
+        "| scenario | counters or samples acked | per s | serving CPU s | CPU s per M | "
+        "postgres CPU s | steady share of a core | ack p50/p99 ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in ("bare", "cp-pg", "cp-sqlite", "telemetry-pg"):
+        r = res.get(name)
+        if not r:
+            continue
+        n = r["counters_acked"] or r["samples_acked"]
+        rate = r["counters_per_s"] or r["samples_per_s"]
+        lines.append(
+            f"| {name} | {n:,} | {rate:,.0f} | {r['srv_cpu_s']:.2f} | {per_million(r['srv_cpu_s'], n):.3f} | "
+            f"{r['pg_cpu_s']:.2f} | {r['steady_core_share']:.3f} | "
+            f"{r['ack_latency_ms_p50'] or 0:.1f}/{r['ack_latency_ms_p99'] or 0:.1f} |")
+    lines += [""]
+    if "copy-loads" in res and "cp-pg" in res:
+        c = res["copy-loads"]
+        copy_rate = c["counters"] / c["wall_s"]
+        lines.append(f"Plain COPY of the same per-rank rows, one Python process: {c['counters']:,} counters "
+                     f"in {c['wall_s']:.2f} s wall = {copy_rate / 1e6:.1f} M counters/s; client CPU "
+                     f"{per_million(c['client_cpu_s'], c['counters']):.3f} s/M, postgres CPU "
+                     f"{per_million(c['pg_cpu_s'], c['counters']):.3f} s/M.")
+    lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

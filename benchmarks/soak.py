@@ -1,0 +1,68 @@
+"""Memory of the control plane over a long run (soak): RSS of ``moeplane serve`` every 10 s.
+
+    .venv/bin/python -m benchmarks.soak --minutes 30 --nodes 64 --out docs/bench-soak.json
+
+One real ``moeplane serve`` on a fresh PostgreSQL database and one ``moeplane loadgen``
+(N nodes × 8 ranks, per-rank 58×256 loads every 10 s, 8 devices × 16 metrics at 1 Hz).
+Writes the RSS series and a summary (first/last/max after warm-up, slope in MB per hour).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.scaleharness import Meter, loadgen, pg_database, read_json, start_serve
+from controlplane.loadgen.stats import summary
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=30)
+    ap.add_argument("--nodes", type=int, default=64)
+    ap.add_argument("--step-time", type=float, default=10)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-soak-"))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    with pg_database() as url:
+        srv = start_serve(url, tmp, name="soak-serve")
+        try:
+            with Meter({"srv": srv.pid}, period_s=10) as meter:
+                lg = loadgen([srv.grpc], tmp, "--nodes", str(a.nodes), "--step-time", str(a.step_time),
+                             "--sample-interval", "1", "--duration", str(a.minutes * 60), "--job", "soak")
+                while lg.poll() is None:
+                    time.sleep(10)
+                    a.out.write_text(json.dumps({"partial": True, "commit": commit, "rss": [
+                        (r["t"], r.get("srv_rss")) for r in meter.samples]}))
+            s = summary(read_json(tmp))
+        finally:
+            srv.stop()
+    rows = [(r["t"], r["srv_rss"]) for r in meter.samples if "srv_rss" in r]
+    t0 = rows[0][0]
+    warm = [(t - t0, rss) for t, rss in rows if t - t0 >= 120]
+    ts, rss = np.array([w[0] for w in warm]), np.array([w[1] for w in warm], dtype=float) / 2**20
+    slope = float(np.polyfit(ts / 3600, rss, 1)[0]) if len(ts) > 2 else None
+    result = {
+        "commit": commit, "minutes": a.minutes, "nodes": a.nodes,
+        "rss_mb_after_warmup_first": float(rss[0]) if len(rss) else None,
+        "rss_mb_last": float(rss[-1]) if len(rss) else None,
+        "rss_mb_max": float(rss.max()) if len(rss) else None,
+        "rss_slope_mb_per_hour": slope,
+        "loadgen": {k: v for k, v in s.items() if k not in ("error_messages", "stream_errors")},
+        "rss": rows,
+    }
+    a.out.write_text(json.dumps(result))
+    print(json.dumps({k: v for k, v in result.items() if k != "rss"}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
