@@ -27,6 +27,7 @@ from dashboard import (
     plan_callbacks,
 )
 from dashboard.actions import PlanAction, store_reject
+from dashboard.plotly_bundle import serve_partial_plotly
 from dashboard.source import BalancednessCache
 
 
@@ -63,6 +64,7 @@ def create_dash(
     )
     prefix = requests_pathname_prefix
     app.layout = pages.shell(prefix)
+    serve_partial_plotly(app.server)  # 1.4 MB of plotly.js instead of 4.8 MB: half the first view
 
     @app.callback(Output("page", "children"), Input("url", "pathname"))
     def route(pathname):
