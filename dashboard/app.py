@@ -39,13 +39,15 @@ def create_dash(
     balancedness_window: int = 60,
     approve: PlanAction | None = None,
     reject: PlanAction | None = None,
+    partial_plotly: bool = True,
 ) -> dash.Dash:
     """Build the dashboard on ``engine`` (read through ``controlplane.store.queries``).
 
     ``requests_pathname_prefix`` is the path the browser sees (ends with ``/``);
     ``interval_ms`` the live refresh period; ``balancedness_window`` the number of recent steps
     in the balancedness view; ``approve`` / ``reject`` the plan actions ``(job_id, epoch) ->
-    plan summary`` behind the Plans page's buttons.
+    plan summary`` behind the Plans page's buttons; ``partial_plotly`` serves plotly.js's
+    cartesian bundle instead of Dash's full one (``dashboard.plotly_bundle``).
     """
     if not requests_pathname_prefix.startswith("/") or not requests_pathname_prefix.endswith("/"):
         raise ValueError(
@@ -64,7 +66,8 @@ def create_dash(
     )
     prefix = requests_pathname_prefix
     app.layout = pages.shell(prefix)
-    serve_partial_plotly(app.server)  # 1.4 MB of plotly.js instead of 4.8 MB: half the first view
+    if partial_plotly:
+        serve_partial_plotly(app.server)  # 1.4 MB of plotly.js instead of 4.8 MB: half the first view
 
     @app.callback(Output("page", "children"), Input("url", "pathname"))
     def route(pathname):
