@@ -1,11 +1,16 @@
 """Planner benchmark: balance, moves, time and a training replay, against EPLB's greedy.
 
-    .venv/bin/python benchmarks/planner.py [--seed 0] [--replay-steps 300]
+    .venv/bin/python benchmarks/planner.py [--seed 0] [--replay-steps 300] [--families walk,sim]
 
-Cases (synthetic skewed, drifting traces from ``planner_traces.py``; 16,384 tokens per rank
-per step, top-8 routing):
+Cases, top-8 routing:
   58x256 on 32 GPUs x 9 slots (4 nodes), 58x256 on 64 GPUs x 5 slots (8 nodes),
   16x64 on 8 GPUs x 10 slots (1 node).
+Trace families (``planner_traces.py``), each run on every case:
+  walk  independent layers, log-popularity random walk at a constant rate, 5% batch noise,
+        16,384 tokens per rank per step;
+  sim   the simulator's workload model (``agents.sim.workload``, default parameters):
+        correlated adjacent layers, hot experts, drift fast early and slow later; tokens per
+        rank = the model's default unless ``--sim-tokens-per-rank``.
 
 Measured side by side in one run, per case:
   fresh        plan_placement without current vs eplb_greedy (vectorized) and a loop EPLB;
@@ -18,6 +23,7 @@ Measured side by side in one run, per case:
                400 TFLOP/s) + stall (most expert copies received by one rank x 755 MB
                (16 bytes per parameter) / 25 GB/s); "free fresh@10" re-plans from scratch
                with moves charged nothing: a bound for any policy on the same schedule.
+               Extra rows: the same planner fed a forecast (``planner_replay.py``).
 Prints markdown tables.
 """
 
@@ -33,12 +39,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.planner_baselines import eplb_greedy_loop, swap_heaviest  # noqa: E402
-from benchmarks.planner_traces import drifting_trace  # noqa: E402
+from benchmarks.planner_replay import replay  # noqa: E402
+from benchmarks.planner_traces import drifting_trace, workload_trace  # noqa: E402
 from controlplane.balancing import (  # noqa: E402
     count_moves,
     eplb_greedy,
-    fresh_placement,
-    gpu_expert_counts,
     gpu_loads,
     layer_balancedness,
     plan_placement,
@@ -49,11 +54,8 @@ CASES = (  # name, layers, experts, gpus, slots per gpu, nodes
     ("58x256 / 64x5", 58, 256, 64, 5, 8),
     ("16x64 / 8x10", 16, 64, 8, 10, 1),
 )
-TOKENS_PER_RANK = 16384
+TOKENS_PER_RANK = 16384  # walk family
 TOP_K = 8
-EXPERT_PARAMS = 3 * 7680 * 2048
-SECONDS_PER_TOKEN = 6 * EXPERT_PARAMS / 400e12
-SECONDS_PER_MOVE = EXPERT_PARAMS * 16 / 25e9
 
 
 def _bal(loads, phy, gpus):
@@ -71,12 +73,6 @@ def _timed_side_by_side(fns, repeat=5):
             outs[k] = fn()
             times[r, k] = time.perf_counter() - t0
     return outs, np.median(times, axis=0) * 1e3, np.median(times / times[:, :1], axis=0)
-
-
-def _received_per_gpu(old, new, gpus, experts):
-    before = gpu_expert_counts(old, gpus, experts) > 0
-    after = gpu_expert_counts(new, gpus, experts) > 0
-    return (after & ~before).sum(axis=(0, 2))
 
 
 def static_cases(trace, layers, experts, gpus, spg, nodes):
@@ -120,106 +116,95 @@ def static_cases(trace, layers, experts, gpus, spg, nodes):
     return row
 
 
-def replay(trace, layers, experts, gpus, spg, nodes, warmup=20, window=20):
-    steps = trace.shape[0]
-    start = eplb_greedy(trace[:warmup].mean(axis=0), gpus, spg)
-
-    def run(policy, charge=True):
-        phy = start
-        compute = stall = 0.0
-        total_moves = 0
-        for t in range(warmup, steps):
-            if t > warmup:
-                new = policy(t, phy)
-                if new is not None:
-                    received = _received_per_gpu(phy, new, gpus, experts)
-                    stall += received.max() * SECONDS_PER_MOVE * charge
-                    total_moves += int(received.sum())
-                    phy = new
-            peak = gpu_loads(trace[t], phy, gpus).max(axis=1)
-            compute += peak.sum() * SECONDS_PER_TOKEN
-        n = steps - warmup
-        return {"compute": compute / n, "stall": stall / n, "total": (compute + stall) / n,
-                "moves": total_moves}
-
-    def every(k, fn):
-        def policy(t, phy):
-            if (t - warmup) % k:
-                return None
-            return fn(trace[t - window : t].mean(axis=0), phy)
-        return policy
-
-    def ours(w, phy):
-        return np.asarray(
-            plan_placement(w, gpus=gpus, slots_per_gpu=spg, nodes=nodes, current=phy).phy2log
-        )
-
-    return {
-        "ours@10": run(every(10, ours)),
-        "eplb@10": run(every(10, lambda w, phy: eplb_greedy(w, gpus, spg))),
-        "eplb@50": run(every(50, lambda w, phy: eplb_greedy(w, gpus, spg))),
-        "once": run(lambda t, phy: None),
-        # bound for any re-plan-every-10-from-the-mean-of-20 policy: a fresh plan, moves free
-        "free@10": run(every(10, lambda w, phy: fresh_placement(w, gpus, spg)), charge=False),
-    }
+def _trace(family, steps, layers, experts, gpus, args):
+    if family == "walk":
+        return drifting_trace(steps, layers, experts,
+                              tokens_per_layer=gpus * TOKENS_PER_RANK * TOP_K, seed=args.seed,
+                              batch_noise=args.batch_noise)
+    return workload_trace(steps, layers, experts, gpus=gpus, top_k=TOP_K,
+                          tokens_per_rank=args.sim_tokens_per_rank, seed=args.seed)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--replay-steps", type=int, default=300)
+    parser.add_argument("--families", default="walk,sim",
+                        help="comma-separated trace families: walk, sim")
     parser.add_argument("--batch-noise", type=float, default=0.05,
-                        help="per-step multiplicative noise of each expert's popularity")
+                        help="walk family: per-step multiplicative noise of each expert's "
+                             "popularity")
+    parser.add_argument("--sim-tokens-per-rank", type=int, default=None,
+                        help="sim family: tokens each rank routes per step (default: the "
+                             "workload model's default)")
     args = parser.parse_args(argv)
+    families = [f for f in args.families.split(",") if f]
+    if not families or set(families) - {"walk", "sim"}:
+        parser.error(f"--families takes walk and/or sim, got {args.families!r}")
 
     static_rows = []
     replay_rows = []
-    for name, layers, experts, gpus, spg, nodes in CASES:
-        steps = max(args.replay_steps, 70)
-        trace = drifting_trace(steps, layers, experts,
-                               tokens_per_layer=gpus * TOKENS_PER_RANK * TOP_K, seed=args.seed,
-                               batch_noise=args.batch_noise)
-        static_rows.append((name, static_cases(trace, layers, experts, gpus, spg, nodes)))
-        replay_rows.append((name, replay(trace, layers, experts, gpus, spg, nodes)))
-        print(f"done {name}", file=sys.stderr, flush=True)
+    for family in families:
+        for name, layers, experts, gpus, spg, nodes in CASES:
+            steps = max(args.replay_steps, 70)
+            trace = _trace(family, steps, layers, experts, gpus, args)
+            label = (name, family)
+            static_rows.append((label, static_cases(trace, layers, experts, gpus, spg, nodes)))
+            replay_rows.append((label, replay(trace, experts, gpus, spg, nodes)))
+            print(f"done {family} {name}", file=sys.stderr, flush=True)
+    _print_tables(static_rows, replay_rows)
+    return 0
 
+
+def _print_tables(static_rows, replay_rows):
     print("### Fresh placement (loads = mean of steps 50-69)\n")
-    print("| case | EPLB greedy bal | ours bal | ours - EPLB | EPLB vectorized ms | "
+    print("| case | trace | EPLB greedy bal | ours bal | ours - EPLB | EPLB vectorized ms | "
           "EPLB loop ms | ours ms | ours / loop |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, r in static_rows:
-        print(f"| {name} | {r['eplb_bal']:.4f} | {r['fresh_bal']:.4f} | "
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (name, fam), r in static_rows:
+        print(f"| {name} | {fam} | {r['eplb_bal']:.4f} | {r['fresh_bal']:.4f} | "
               f"{r['fresh_bal'] - r['eplb_bal']:+.4f} | {r['t_eplb']:.1f} | {r['t_loop']:.1f} | "
               f"{r['t_fresh']:.1f} | {r['r_fresh']:.2f} |")
     print("\n### Incremental after drift (current = EPLB plan of steps 0-19)\n")
-    print("| case | stale bal | fresh EPLB bal (moves) | swap-heaviest bal (moves) | "
+    print("| case | trace | stale bal | fresh EPLB bal (moves) | swap-heaviest bal (moves) | "
           "ours bal (moves, cross-node) | ours - fresh EPLB | ours ms | ours / loop EPLB |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, r in static_rows:
-        print(f"| {name} | {r['stale_bal']:.4f} | {r['eplb_bal']:.4f} ({r['eplb_moves']:.1%}) | "
-              f"{r['swap_bal']:.4f} ({r['swap_moves']:.1%}) | {r['inc_bal']:.4f} "
-              f"({r['inc_moves']:.1%}, {r['inc_cross']}) | {r['inc_bal'] - r['eplb_bal']:+.4f} | "
-              f"{r['t_inc']:.1f} | {r['r_inc']:.2f} |")
-    print("\n### Budgeted (max_moves = share of slots)\n")
-    print("| case | stale bal | budget | moves | bal |")
-    print("|---|---|---|---|---|")
-    for name, r in static_rows:
-        for share, k, moved, bal in r["budgets"]:
-            print(f"| {name} | {r['stale_bal']:.4f} | {share:.0%} = {k} | {moved} | {bal:.4f} |")
-    print("\n### Training replay (seconds per step: expert compute + stall)\n")
-    print("| case | ours@10 | EPLB@10 | EPLB@50 | tuned once | best EPLB / ours | "
-          "once / ours | free fresh@10 (bound) | best EPLB / bound |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for name, r in replay_rows:
+    for (name, fam), r in static_rows:
+        print(f"| {name} | {fam} | {r['stale_bal']:.4f} | {r['eplb_bal']:.4f} "
+              f"({r['eplb_moves']:.1%}) | {r['swap_bal']:.4f} ({r['swap_moves']:.1%}) | "
+              f"{r['inc_bal']:.4f} ({r['inc_moves']:.1%}, {r['inc_cross']}) | "
+              f"{r['inc_bal'] - r['eplb_bal']:+.4f} | {r['t_inc']:.1f} | {r['r_inc']:.2f} |")
+    print("\n### Budgeted (max_moves = share of slots)\n")
+    print("| case | trace | stale bal | budget | moves | bal |")
+    print("|---|---|---|---|---|---|")
+    for (name, fam), r in static_rows:
+        for share, k, moved, bal in r["budgets"]:
+            print(f"| {name} | {fam} | {r['stale_bal']:.4f} | {share:.0%} = {k} | {moved} | "
+                  f"{bal:.4f} |")
+    print("\n### Training replay (seconds per step: expert compute + stall)\n")
+    print("| case | trace | ours@10 | EPLB@10 | EPLB@50 | tuned once | free fresh@10 (bound) | "
+          "best EPLB / ours | once / ours | best EPLB / bound | once / bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for (name, fam), r in replay_rows:
         def cell(k, r=r):
             v = r[k]
             return f"{v['total']:.3f} ({v['compute']:.3f} + {v['stall']:.3f})"
         best = min(r["eplb@10"]["total"], r["eplb@50"]["total"])
-        print(f"| {name} | {cell('ours@10')} | {cell('eplb@10')} | {cell('eplb@50')} | "
-              f"{cell('once')} | {best / r['ours@10']['total']:.3f} | "
-              f"{r['once']['total'] / r['ours@10']['total']:.3f} | "
-              f"{r['free@10']['total']:.3f} | {best / r['free@10']['total']:.3f} |")
-    return 0
+        ours, once, free = (r[k]["total"] for k in ("ours@10", "once", "free@10"))
+        print(f"| {name} | {fam} | {cell('ours@10')} | {cell('eplb@10')} | {cell('eplb@50')} | "
+              f"{cell('once')} | {free:.3f} | {best / ours:.3f} | {once / ours:.3f} | "
+              f"{best / free:.3f} | {once / free:.3f} |")
+    print("\n### Replay, extra rows: the same planner fed a forecast (not the headline policy)\n")
+    print("| case | trace | ours@10+forecast | free fresh@10+forecast (bound) | "
+          "best EPLB / ours+fc | once / ours+fc | forecasters picked (of re-plans) |")
+    print("|---|---|---|---|---|---|---|")
+    for (name, fam), r in replay_rows:
+        v = r["ours@10+fc"]
+        best = min(r["eplb@10"]["total"], r["eplb@50"]["total"])
+        picked = ", ".join(f"{k} x{n}" for k, n in sorted(v["picked"].items()))
+        print(f"| {name} | {fam} | {v['total']:.3f} ({v['compute']:.3f} + {v['stall']:.3f}) | "
+              f"{r['free@10+fc']['total']:.3f} | {best / v['total']:.3f} | "
+              f"{r['once']['total'] / v['total']:.3f} | {picked} |")
 
 
 if __name__ == "__main__":

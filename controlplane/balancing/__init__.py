@@ -17,20 +17,28 @@ from controlplane.balancing.placement import (
 )
 from controlplane.balancing.planner import Plan, fresh_placement, plan_placement
 from controlplane.balancing.prediction import (
+    FORECASTERS,
+    choose_forecaster,
     ema_forecast,
+    forecast,
+    holt_forecast,
     one_step_ahead_error,
     window_forecast,
 )
 
 __all__ = [
+    "FORECASTERS",
     "Plan",
     "balancedness",
+    "choose_forecaster",
     "count_moves",
     "eplb_greedy",
     "ema_forecast",
+    "forecast",
     "fresh_placement",
     "gpu_expert_counts",
     "gpu_loads",
+    "holt_forecast",
     "identity_placement",
     "layer_balancedness",
     "one_step_ahead_error",

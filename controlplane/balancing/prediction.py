@@ -1,17 +1,39 @@
-"""Load forecasts for the planner: EMA and sliding window, with one-step-ahead error.
+"""Load forecasts for the planner: EMA, sliding window and trend-aware (Holt), with
+one-step-ahead error.
 
 ``history [T, L, E]``: tokens per logical expert for the last T steps, oldest first. A
 forecast is the ``[L, E]`` load the next step is expected to bring; feed it to
-``plan_placement``. ``one_step_ahead_error`` replays a history to compare forecasters.
+``plan_placement``. ``one_step_ahead_error`` replays a history to compare forecasters;
+``choose_forecaster`` picks, from a fixed list, the one with the least such error on the
+history itself, and ``forecast`` evaluates one by name.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 
 from controlplane.balancing.validate import check_count
 
-__all__ = ["ema_forecast", "one_step_ahead_error", "window_forecast"]
+__all__ = [
+    "FORECASTERS",
+    "choose_forecaster",
+    "ema_forecast",
+    "forecast",
+    "holt_forecast",
+    "one_step_ahead_error",
+    "window_forecast",
+]
+
+# candidates of ``choose_forecaster``: (method, parameters), fixed ahead of any trace
+FORECASTERS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("window", {"window": 20}),
+    ("window", {"window": 5}),
+    ("ema", {"alpha": 0.2}),
+    ("ema", {"alpha": 0.5}),
+    ("holt", {"alpha": 0.2, "beta": 0.1}),
+)
 
 
 def _check_history(history: object) -> np.ndarray:
@@ -26,10 +48,23 @@ def _check_history(history: object) -> np.ndarray:
     return out
 
 
-def _check_alpha(alpha: float) -> float:
-    if not (isinstance(alpha, int | float) and 0 < alpha <= 1):
-        raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+def _check_alpha(alpha: float, name: str = "alpha") -> float:
+    if isinstance(alpha, bool) or not (isinstance(alpha, int | float) and 0 < alpha <= 1):
+        raise ValueError(f"{name} must be in (0, 1], got {alpha!r}")
     return float(alpha)
+
+
+def _holt_states(h: np.ndarray, alpha: float, beta: float):
+    """Yield (t, level, slope) after steps 0..t of ``h [T, L, E]`` (Holt's linear method:
+    level and slope smoothed with ``alpha`` and ``beta``; slope starts at 0)."""
+    level = h[0].copy()
+    slope = np.zeros_like(level)
+    yield 0, level, slope
+    for t in range(1, h.shape[0]):
+        prev = level
+        level = alpha * h[t] + (1 - alpha) * (prev + slope)
+        slope = beta * (level - prev) + (1 - beta) * slope
+        yield t, level, slope
 
 
 def ema_forecast(history: np.ndarray, *, alpha: float = 0.2) -> np.ndarray:
@@ -44,6 +79,20 @@ def ema_forecast(history: np.ndarray, *, alpha: float = 0.2) -> np.ndarray:
     return f
 
 
+def holt_forecast(
+    history: np.ndarray, *, alpha: float = 0.2, beta: float = 0.1, horizon: int = 1
+) -> np.ndarray:
+    """Trend-aware forecast (EMA of level and of slope, Holt's linear method):
+    ``history [T, L, E]`` -> float64 ``[L, E]``, the load ``horizon`` steps after the last,
+    ``max(level + horizon * slope, 0)``. ``alpha``, ``beta`` in (0, 1]."""
+    h = _check_history(history)
+    alpha = _check_alpha(alpha)
+    beta = _check_alpha(beta, "beta")
+    horizon = check_count("horizon", horizon)
+    _, level, slope = deque(_holt_states(h, alpha, beta), maxlen=1)[0]
+    return np.maximum(level + horizon * slope, 0.0)
+
+
 def window_forecast(history: np.ndarray, *, window: int = 20) -> np.ndarray:
     """Mean of the last ``window`` steps (all of them if fewer): ``[T, L, E]`` -> ``[L, E]``."""
     h = _check_history(history)
@@ -51,12 +100,51 @@ def window_forecast(history: np.ndarray, *, window: int = 20) -> np.ndarray:
     return h[-window:].mean(axis=0)
 
 
+def forecast(
+    history: np.ndarray, *, method: str, alpha: float = 0.2, beta: float = 0.1,
+    window: int = 20,
+) -> np.ndarray:
+    """The next step's load by ``method`` ("ema", "window" or "holt"): ``[T, L, E]`` ->
+    ``[L, E]``."""
+    if method == "ema":
+        return ema_forecast(history, alpha=alpha)
+    if method == "window":
+        return window_forecast(history, window=window)
+    if method == "holt":
+        return holt_forecast(history, alpha=alpha, beta=beta)
+    raise ValueError(f"method must be 'ema', 'window' or 'holt', got {method!r}")
+
+
+def choose_forecaster(
+    history: np.ndarray,
+    *,
+    candidates: tuple[tuple[str, dict[str, float]], ...] = FORECASTERS,
+    warmup: int = 1,
+) -> int:
+    """Index into ``candidates`` ((method, parameters) pairs, as ``FORECASTERS``) of the one
+    with the least ``one_step_ahead_error`` on ``history [T, L, E]`` (ties: the first)."""
+    if not candidates:
+        raise ValueError("candidates must not be empty")
+    errors = [
+        one_step_ahead_error(history, method=m, warmup=warmup, **params)
+        for m, params in candidates
+    ]
+    return int(np.argmin(errors))
+
+
 def one_step_ahead_error(
-    history: np.ndarray, *, method: str, alpha: float = 0.2, window: int = 20, warmup: int = 1
+    history: np.ndarray,
+    *,
+    method: str,
+    alpha: float = 0.2,
+    beta: float = 0.1,
+    window: int = 20,
+    warmup: int = 1,
 ) -> float:
     """Mean relative L1 error of forecasting step t from steps < t, over t >= ``warmup``.
 
-    ``method``: "ema" (with ``alpha``) or "window" (with ``window``). Error of one step =
+    ``method``: "ema" (with ``alpha``), "window" (with ``window``) or "holt" (with
+    ``alpha``, ``beta``; one step ahead). Error of one step =
     sum |forecast - actual| / sum actual over all layers and experts (steps with no load are
     skipped). Needs ``warmup`` >= 1 and at least ``warmup + 1`` steps.
     """
@@ -79,8 +167,15 @@ def one_step_ahead_error(
         t = np.arange(warmup, steps)
         lo = np.maximum(t - window, 0)
         forecasts = (csum[t] - csum[lo]) / (t - lo)[:, None, None]
+    elif method == "holt":
+        alpha = _check_alpha(alpha)
+        beta = _check_alpha(beta, "beta")
+        forecasts = np.empty_like(h[warmup:])
+        for t, level, slope in _holt_states(h[:-1], alpha, beta):
+            if t + 1 >= warmup:
+                forecasts[t + 1 - warmup] = np.maximum(level + slope, 0.0)
     else:
-        raise ValueError(f"method must be 'ema' or 'window', got {method!r}")
+        raise ValueError(f"method must be 'ema', 'window' or 'holt', got {method!r}")
     actual = h[warmup:]
     total = actual.sum(axis=(1, 2))
     err = np.abs(forecasts - actual).sum(axis=(1, 2))

@@ -1,0 +1,106 @@
+"""Training replay for the planner benchmark: expert time per step plus migration stall.
+
+A placement starts as EPLB's plan of the first ``warmup`` steps. Every step's time is the
+expert compute of its slowest GPU per layer (max GPU tokens x ``SECONDS_PER_TOKEN``, summed
+over layers); a re-plan stalls the job for the most expert copies any one rank receives x
+``SECONDS_PER_MOVE`` (each copy: 3 x 7680 x 2048 parameters at 16 bytes - weights, fp32
+master and Adam moments - over 25 GB/s per rank).
+
+Policies (``k`` = re-plan period in steps; "mean of 20" = mean of the last 20 steps):
+  ours@10        plan_placement(mean of 20, current=placement), default settings (headline);
+  ours@10+fc     the same, fed the forecaster with the least one-step-ahead error on the last
+                 ``FC_HISTORY`` steps among ``FORECASTERS`` (extra row, not the headline);
+  eplb@10/@50    EPLB's greedy from the mean of 20, every 10 / 50 steps;
+  once           EPLB's plan of the first ``warmup`` steps, kept;
+  free@10        a fresh plan from the mean of 20 every 10 steps, moves charged nothing: a
+                 bound for any policy on the headline's schedule and input;
+  free@10+fc     the same from the forecast: the bound for ours@10+fc.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from controlplane.balancing import (
+    FORECASTERS,
+    choose_forecaster,
+    eplb_greedy,
+    forecast,
+    fresh_placement,
+    gpu_expert_counts,
+    gpu_loads,
+    plan_placement,
+)
+
+EXPERT_PARAMS = 3 * 7680 * 2048
+SECONDS_PER_TOKEN = 6 * EXPERT_PARAMS / 400e12  # 6 FLOPs per parameter and token, 400 TFLOP/s
+SECONDS_PER_MOVE = EXPERT_PARAMS * 16 / 25e9
+FC_HISTORY = 60  # steps the forecaster is chosen and run on
+
+
+def received_per_gpu(old, new, gpus, experts):
+    """Expert copies each GPU receives going from ``old`` to ``new`` ([L, G*S]): int ``[G]``."""
+    before = gpu_expert_counts(old, gpus, experts) > 0
+    after = gpu_expert_counts(new, gpus, experts) > 0
+    return (after & ~before).sum(axis=(0, 2))
+
+
+def _forecast(history):
+    h = history[-FC_HISTORY:]
+    method, params = FORECASTERS[choose_forecaster(h, warmup=min(20, len(h) - 1))]
+    return forecast(h, method=method, **params), method, params
+
+
+def replay(trace, experts, gpus, spg, nodes, warmup=20, window=20):
+    """Every policy on ``trace [T, L, E]``: {name: {compute, stall, total (s per step),
+    moves, picked (forecasters chosen, for the +fc rows)}}."""
+    steps = trace.shape[0]
+    start = eplb_greedy(trace[:warmup].mean(axis=0), gpus, spg)
+
+    def run(period, plan, inputs, charge=True):
+        phy = start
+        compute = stall = 0.0
+        total_moves = 0
+        picked: dict[str, int] = {}
+        for t in range(warmup, steps):
+            if plan is not None and t > warmup and (t - warmup) % period == 0:
+                w = inputs(t, picked)
+                new = plan(w, phy)
+                received = received_per_gpu(phy, new, gpus, experts)
+                stall += received.max() * SECONDS_PER_MOVE * charge
+                total_moves += int(received.sum())
+                phy = new
+            compute += gpu_loads(trace[t], phy, gpus).max(axis=1).sum() * SECONDS_PER_TOKEN
+        n = steps - warmup
+        return {"compute": compute / n, "stall": stall / n, "total": (compute + stall) / n,
+                "moves": total_moves, "picked": picked}
+
+    def mean_of_window(t, picked):
+        return trace[t - window : t].mean(axis=0)
+
+    def forecast_input(t, picked):
+        f, method, params = _forecast(trace[:t])
+        key = method + "(" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")"
+        picked[key] = picked.get(key, 0) + 1
+        return f
+
+    def ours(w, phy):
+        return np.asarray(
+            plan_placement(w, gpus=gpus, slots_per_gpu=spg, nodes=nodes, current=phy).phy2log
+        )
+
+    def eplb(w, phy):
+        return eplb_greedy(w, gpus, spg)
+
+    def fresh(w, phy):
+        return fresh_placement(w, gpus, spg)
+
+    return {
+        "ours@10": run(10, ours, mean_of_window),
+        "ours@10+fc": run(10, ours, forecast_input),
+        "eplb@10": run(10, eplb, mean_of_window),
+        "eplb@50": run(50, eplb, mean_of_window),
+        "once": run(10, None, mean_of_window),
+        "free@10": run(10, fresh, mean_of_window, charge=False),
+        "free@10+fc": run(10, fresh, forecast_input, charge=False),
+    }
