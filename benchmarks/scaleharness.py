@@ -127,7 +127,8 @@ def loadgen(targets: list[str], tmp: Path, *args: str, name: str = "loadgen") ->
     """Start ``moeplane loadgen`` (its JSON observations go to tmp/<name>.json)."""
     cmd = MOEPLANE + ["loadgen", *sum((["--target", t] for t in targets), []),
                       "--json", str(tmp / f"{name}.json"), *args]
-    return subprocess.Popen(cmd, stdout=open(tmp / f"{name}.out", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    return subprocess.Popen(cmd, stdout=open(tmp / f"{name}.out", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                            start_new_session=True)
 
 
 def read_json(tmp: Path, name: str = "loadgen") -> dict:

@@ -35,7 +35,7 @@ class EmulatedAgent:
 
     def __init__(self, cfg: LoadgenConfig, n: int, stats: Stats, pool: list[pb.NDArray],
                  channel_for: Callable[[str], grpc.aio.Channel], *, t0: float,
-                 clock: Callable[[], float] = time.time):
+                 stop: asyncio.Event | None = None, clock: Callable[[], float] = time.time):
         self.cfg = cfg
         self.n = n
         self.node_id = cfg.node_id(n)
@@ -45,6 +45,7 @@ class EmulatedAgent:
         self.t0 = t0
         self.clock = clock
         self.end = t0 + cfg.duration_s
+        self.stop = stop or asyncio.Event()  # set: end the run now (e.g. SIGTERM)
         self.rng = np.random.default_rng(cfg.seed * 100_003 + n)
         self.seq = 0
         # seq -> (kind, sent perf_counter, items, holds a window slot)
@@ -66,7 +67,7 @@ class EmulatedAgent:
             except (_Broken, grpc.aio.AioRpcError) as exc:
                 self.stats.stream_errors.append(f"{self.node_id}: {exc!s:.200}")
                 self.pending.clear()
-                if self.clock() >= self.end:
+                if self.clock() >= self.end or self.stop.is_set():
                     return
                 self.stats.reconnects += 1
                 await asyncio.sleep(0.5 + float(self.rng.random()))
@@ -166,16 +167,16 @@ class EmulatedAgent:
         while True:
             step_at = self.t0 + (self.next_step + 1) * cfg.step_time_s if cfg.step_time_s else float("inf")
             at = min(step_at, self.next_sample_at)
-            if at > self.end:
+            if at > self.end:  # nothing more to send: stay connected (plans) until the end
+                await self._pause(self.end, reader)
                 return
             delay = at - self.clock()
             if delay > 0:
-                done, _ = await asyncio.wait([reader], timeout=delay)
-                if done:
-                    reader.result()
-                    raise _Broken("stream ended")
+                await self._pause(at, reader)
             else:
                 self.stats.max_lag_s = max(self.stats.max_lag_s, -delay)
+            if self.stop.is_set():
+                return
             if at == step_at:
                 step = self.next_step
                 self.next_step += 1
@@ -188,6 +189,18 @@ class EmulatedAgent:
                 frame = m.samples(cfg, self.n, at, self.rng)
                 await self._send(out, window, reader, "samples", cfg.ranks_per_node * cfg.metrics,
                                  samples=frame)
+
+    async def _pause(self, until: float, reader: asyncio.Task) -> None:
+        """Wait until ``until`` (unix s) or a stop; raise _Broken if the stream ends first."""
+        stopping = asyncio.ensure_future(self.stop.wait())
+        try:
+            done, _ = await asyncio.wait([reader, stopping], timeout=max(0.0, until - self.clock()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if reader in done:
+            reader.result()
+            raise _Broken("stream ended")
 
     async def _drain(self, reader) -> None:
         """Wait (at most DRAIN_S) until every sent message is acknowledged."""

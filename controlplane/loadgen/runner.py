@@ -1,11 +1,17 @@
-"""Run emulated agents: many streams per process (asyncio), several processes per run."""
+"""Run emulated agents: many streams per process (asyncio), several processes per run.
+
+SIGTERM ends a run early (to the whole process group when several processes run): agents
+stop sending, drain their acknowledgements, and the observations are still reported.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import multiprocessing
+import signal
 import time
 
 import grpc
@@ -42,8 +48,11 @@ async def run_async(cfg: LoadgenConfig, *, streams_per_channel: int = 1) -> dict
         return get
 
     t0 = cfg.start_at if cfg.start_at is not None else time.time() + START_MARGIN_S
+    stop = asyncio.Event()
+    with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread: no signals
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     agents = [
-        EmulatedAgent(cfg, n, stats, pool, channel_for(n), t0=t0)
+        EmulatedAgent(cfg, n, stats, pool, channel_for(n), t0=t0, stop=stop)
         for n in range(cfg.node_offset, cfg.node_offset + cfg.nodes)
     ]
     stats.started_at = t0
@@ -51,6 +60,8 @@ async def run_async(cfg: LoadgenConfig, *, streams_per_channel: int = 1) -> dict
         await asyncio.gather(*(a.run() for a in agents))
     finally:
         stats.ended_at = min(time.time(), t0 + cfg.duration_s + 1e-3) if cfg.duration_s else time.time()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
         for ch in channels.values():
             await ch.close()
     return stats.as_dict()
@@ -82,6 +93,8 @@ def run(cfg: LoadgenConfig, processes: int = 1, *, streams_per_channel: int = 1)
     start_at = cfg.start_at or time.time() + START_MARGIN_S + 0.5 * processes
     parts = split(cfg, processes, start_at)
     ctx = multiprocessing.get_context("spawn")
+    # SIGTERM to the process group ends the run early: the workers stop and report, we wait
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with concurrent.futures.ProcessPoolExecutor(len(parts), mp_context=ctx) as pool:
         results = list(pool.map(_in_process, parts, [streams_per_channel] * len(parts)))
     return merge(results)
