@@ -13,7 +13,7 @@ from controlplane.api.plans import default_router as default_policy_router
 from controlplane.api.plans import router as plans_router
 from controlplane.api.routes import router
 from controlplane.api.tokens import router as tokens_router
-from controlplane.auth.http import AUTH_RESPONSES, AuthDep
+from controlplane.auth.http import AUTH_RESPONSES, AuthDep, document_security
 from controlplane.store.offload import DecisionConflict
 from controlplane.store.plans import PlanConflict
 from controlplane.store.queries import NotFound
@@ -33,6 +33,7 @@ def create_api(engine: Engine, **state) -> FastAPI:
     )
     app.state.engine = engine
     app.state.tokens = None
+    document_security(app)
     for k, val in state.items():
         setattr(app.state, k, val)
     app.include_router(router)

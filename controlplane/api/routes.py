@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
+from pydantic import BaseModel
 
 from controlplane.api.deps import EngineDep, RangeDep
 from controlplane.api.schemas import (
@@ -22,7 +23,15 @@ from controlplane.auth.http import role_extra
 from controlplane.store import queries as q
 
 NOT_FOUND = {404: {"model": ErrorBody, "description": "no such job, device or metric"}}
-BAD = {422: {"model": ErrorBody, "description": "bad parameter"}}
+
+
+class BadRequestBody(BaseModel):
+    """422: a domain check's message (str), or FastAPI's request validation errors (list)."""
+
+    detail: str | list[dict[str, Any]]
+
+
+BAD = {422: {"model": BadRequestBody, "description": "bad parameter"}}
 
 router = APIRouter(prefix="/api/v1")
 JobId = Annotated[str, Path(min_length=1, max_length=128)]

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 
-from controlplane.api.routes import NOT_FOUND
+from controlplane.api.routes import BAD, NOT_FOUND
 from controlplane.auth.http import role_extra
 from controlplane.auth.tokens import Role, TokenStore
 
@@ -45,7 +45,7 @@ async def list_tokens(request: Request) -> list[dict]:
 
 
 @router.post("", response_model=CreatedTokenBody, status_code=201, openapi_extra=ADMIN,
-             responses={422: {"description": "bad role/node combination"}})
+             responses=BAD)
 async def create_token(body: TokenRequest, request: Request) -> dict:
     store = _store(request)
     made = await asyncio.to_thread(store.create, body.role, name=body.name, node_id=body.node_id)

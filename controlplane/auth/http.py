@@ -65,3 +65,39 @@ def authorize(
 
 
 AuthDep = Depends(authorize)
+
+
+def document_security(app) -> None:
+    """Make the OpenAPI document say what the server enforces: open (no tokens) → no security
+    requirements; with tokens → bearer on every operation except public ones (``security: []``).
+    Operations with a body also document 400 (unparseable body)."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        doc = build()
+        enforced = getattr(app.state, "tokens", None) is not None
+        for ops in doc.get("paths", {}).values():
+            for op in ops.values():
+                if not isinstance(op, dict):
+                    continue
+                if "requestBody" in op:  # a body that is not JSON at all is a 400, not a 422
+                    op.setdefault("responses", {}).setdefault("400", {
+                        "description": "the body could not be parsed",
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+                    })
+                if not enforced:
+                    op.pop("security", None)
+                    for code in ("401", "403"):
+                        op.get("responses", {}).pop(code, None)
+                elif op.get(ROLE_KEY) == PUBLIC:
+                    op["security"] = []
+                    for code in ("401", "403"):
+                        op.get("responses", {}).pop(code, None)
+        if not enforced:
+            doc.get("components", {}).pop("securitySchemes", None)
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi
