@@ -104,6 +104,7 @@ load_parts = sa.Table(
 )
 
 # The job's global load matrix per step: counts int64 [L, E] little-endian, summed over nodes.
+# On PostgreSQL ``counts`` is TOAST-compressed with lz4 (migration 0005): rewritten every batch.
 expert_loads = sa.Table(
     "expert_loads",
     metadata,
