@@ -25,7 +25,16 @@ __all__ = [
     "identity_placement",
     "layer_balancedness",
     "replica_counts",
+    "take_rows",
 ]
+
+
+def take_rows(arr: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``arr [R, N]``, ``idx [R, K]`` int -> ``[R, K]``: ``arr[r, idx[r, k]]``.
+
+    ``np.take_along_axis(arr, idx, axis=1)`` without its argument checks, which dominate
+    on the small arrays of the planner's inner loop."""
+    return arr[np.arange(arr.shape[0])[:, None], idx]
 
 
 def identity_placement(num_layers: int, num_experts: int, num_slots: int) -> np.ndarray:

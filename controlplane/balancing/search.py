@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controlplane.balancing.placement import gpu_expert_counts, replica_counts
+from controlplane.balancing.placement import gpu_expert_counts, replica_counts, take_rows
 from controlplane.balancing.steps import best_steps, extra_swaps
 
 __all__ = ["Trajectory", "local_search"]
 
 _PARTNER_SLOTS = 60  # slots on partner GPUs (the lightest) searched per round, about
+_RECEIVE_SMOOTH = 2.0  # moves added to each GPU's count when weighing receipts
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,13 @@ class Trajectory:
         _, last = np.unique(lay * phy.shape[1] + slot, return_index=True)
         phy[lay[last], slot[last]] = expert[last]
         return phy
+
+
+def _receive_weight(received: np.ndarray) -> np.ndarray:
+    """Cost weight of a move onto each GPU, ``received [G]`` moves it already takes: a rank
+    receiving more than the mean costs more (a re-plan stalls for the rank that receives
+    the most weights), one receiving less costs less; 1 when all receive alike."""
+    return (received + _RECEIVE_SMOOTH) / (received.mean() + _RECEIVE_SMOOTH)
 
 
 def _heavy_count(gpus: int, costed: bool) -> int:
@@ -102,10 +110,13 @@ def local_search(
     # is a move, 2 = losing the only replica removes a move, anything else changes nothing.
     node_has = code = ref_has = None
     moves = np.zeros(num_layers)
+    received = None  # [G] moves onto each GPU, all layers
     if costed:
         same = reference is start or np.array_equal(reference, start)
         ref_has = cnt > 0 if same else gpu_expert_counts(reference, gpus, num_experts) > 0
-        moves = ((cnt > 0) & ~ref_has).sum(axis=(1, 2)).astype(np.float64)
+        new_pairs = (cnt > 0) & ~ref_has
+        moves = new_pairs.sum(axis=(1, 2)).astype(np.float64)
+        received = new_pairs.sum(axis=(0, 2)).astype(np.float64)
         if node_of_gpu is not None and int(node_of_gpu.max()) > 0:
             nodes = int(node_of_gpu.max()) + 1
             node_has = ref_has.reshape(num_layers, nodes, gpus // nodes, num_experts).any(2)
@@ -121,11 +132,11 @@ def local_search(
         ph = phy[active]
         wa = w[active]
         ca = rc[active]
-        cx = np.take_along_axis(ca, ph, axis=1)
-        per = np.take_along_axis(wa, ph, axis=1) / cx
+        cx = take_rows(ca, ph)
+        per = take_rows(wa, ph) / cx
         lg = per.reshape(len(active), gpus, spg).sum(axis=2)
         by_load = np.argsort(lg, axis=1, kind="stable")  # ascending
-        l1 = np.take_along_axis(lg, by_load[:, -1:], axis=1)[:, 0]
+        l1 = take_rows(lg, by_load[:, -1:])[:, 0]
         mean = lg.mean(axis=1)
         bal = np.where(mean > 0, l1 / np.where(mean > 0, mean, 1.0), 1.0)
         points_log.append(
@@ -141,12 +152,13 @@ def local_search(
             v[keep] for v in (active, ph, wa, ca, cx, per, lg, by_load, l1)
         )
         level = None if target is None or not costed else target[active] * lg.mean(axis=1)
+        gpu_weight = None if received is None else _receive_weight(received)
         partners = by_load[:, :n_part]
         second = by_load[:, -3:-1][:, ::-1] if gpus >= 3 else by_load[:, -2:-1].repeat(2, 1)
         found = [
             best_steps(
                 active, ph, wa, ca, cx, per, lg, by_load[:, -1], l1, second, partners,
-                cnt, code, node_has, node_of_gpu, cross_weight, spg, level,
+                cnt, code, node_has, node_of_gpu, cross_weight, gpu_weight, spg, level,
             )
         ]
         if heavy > 1:
@@ -159,7 +171,7 @@ def local_search(
             found.append(
                 extra_swaps(
                     active, ph, per, lg, by_load[:, -heavy:-1][:, ::-1], partners, taken,
-                    code, node_has, node_of_gpu, cross_weight, spg, level,
+                    code, node_has, node_of_gpu, cross_weight, gpu_weight, spg, level,
                 )
             )
         found = [f for f in found if f is not None]
@@ -200,10 +212,9 @@ def local_search(
             is_move = (cnt[t_lay, t_gpu, t_exp] > 0) & ~ref_has[t_lay, t_gpu, t_exp]
             key = (t_lay * gpus + t_gpu) * num_experts + t_exp
             _, once = np.unique(key, return_index=True)  # a swap's keys may repeat
-            step_moves = np.bincount(
-                t_step[once], weights=(is_move.astype(float) - was_move)[once],
-                minlength=len(layers),
-            )
+            change = (is_move.astype(float) - was_move)[once]
+            step_moves = np.bincount(t_step[once], weights=change, minlength=len(layers))
+            received += np.bincount(t_gpu[once], weights=change, minlength=gpus)
         if extra.any():
             points_log.append(
                 _prefix_points(w, phy, rc, layers, s1, s2, extra, step_moves, done_steps,
@@ -228,7 +239,7 @@ def _prefix_points(w, phy, rc, layers, s1, s2, extra, step_moves, done_steps, mo
     """
     uniq, first, inverse = np.unique(layers, return_index=True, return_inverse=True)
     ph = phy[uniq]
-    per = np.take_along_axis(w[uniq], ph, axis=1) / np.take_along_axis(rc[uniq], ph, axis=1)
+    per = take_rows(w[uniq], ph) / take_rows(rc[uniq], ph)
     lg_end = per.reshape(len(uniq), gpus, -1).sum(axis=2)  # [U, G]
     spg = phy.shape[1] // gpus
     k = len(layers)

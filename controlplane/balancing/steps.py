@@ -24,24 +24,27 @@ from __future__ import annotations
 
 import numpy as np
 
+from controlplane.balancing.placement import take_rows
+
 __all__ = ["best_steps", "extra_swaps"]
 
 _REPOINT_CHOICES = 2  # candidate experts for a re-pointed slot of the most loaded GPU
 _MIN_COST = 0.5  # a step that costs no move is scored as if it cost half a move
 
 
-def _pair_cost(code, node_has, node_of_gpu, cross_weight, lid3, g, e):
-    """(gaining e on g is a move, losing e from g removes a move), weighted for cross-node."""
+def _pair_cost(code, node_has, node_of_gpu, cross_weight, gpu_weight, lid3, g, e):
+    """(gaining e on g is a move, losing e from g removes a move), weighted for cross-node
+    and by ``gpu_weight [G]`` of g (None: 1)."""
     c_ = code[lid3, g, e]
-    weight = 1.0
+    weight = 1.0 if gpu_weight is None else gpu_weight[g]
     if node_has is not None:
-        weight = 1.0 + cross_weight * ~node_has[lid3, node_of_gpu[g], e]
+        weight = weight * (1.0 + cross_weight * ~node_has[lid3, node_of_gpu[g], e])
     return (c_ == 0) * weight, (c_ == 2) * weight
 
 
-def _swap_cost(code, node_has, node_of_gpu, cross_weight, lid3, a3, xa3, b3, xj3):
+def _swap_cost(code, node_has, node_of_gpu, cross_weight, gpu_weight, lid3, a3, xa3, b3, xj3):
     """Weighted move cost of swapping expert ``xa`` on GPU ``a`` with ``xj`` on GPU ``b``."""
-    args = (code, node_has, node_of_gpu, cross_weight, lid3)
+    args = (code, node_has, node_of_gpu, cross_weight, gpu_weight, lid3)
     gain_bx, _ = _pair_cost(*args, b3, xa3)  # b gains a's expert
     gain_ay, _ = _pair_cost(*args, a3, xj3)  # a gains b's expert
     _, lose_ax = _pair_cost(*args, a3, xa3)
@@ -51,7 +54,7 @@ def _swap_cost(code, node_has, node_of_gpu, cross_weight, lid3, a3, xa3, b3, xj3
 
 def best_steps(
     active, ph, wa, ca, cx, per, lg, a, l1, second, light, cnt, code, node_has, node_of_gpu,
-    cross_weight, spg, level,
+    cross_weight, gpu_weight, spg, level,
 ):
     """The best step for the most loaded GPU ``a [A]`` (load ``l1 [A]``) of each active layer.
 
@@ -75,14 +78,14 @@ def best_steps(
     bj = js // spg
 
     sa = a[:, None] * spg + np.arange(spg)  # [A, S] slots of the most loaded GPU
-    xa = np.take_along_axis(ph, sa, axis=1)
-    pa = np.take_along_axis(per, sa, axis=1)
-    wy = np.take_along_axis(wa, xa, axis=1)
-    cy = np.take_along_axis(ca, xa, axis=1)
-    xj = np.take_along_axis(ph, js, axis=1)
-    pj = np.take_along_axis(per, js, axis=1)
-    cj = np.take_along_axis(cx, js, axis=1)
-    lb = np.take_along_axis(lg, bj, axis=1)  # [A, J]
+    xa = take_rows(ph, sa)
+    pa = take_rows(per, sa)
+    wy = take_rows(wa, xa)
+    cy = take_rows(ca, xa)
+    xj = take_rows(ph, js)
+    pj = take_rows(per, js)
+    cj = take_rows(cx, js)
+    lb = take_rows(lg, bj)  # [A, J]
     l1_3 = l1[:, None, None]
 
     # swaps: slot i of a <-> slot j of a partner
@@ -92,7 +95,7 @@ def best_steps(
 
     # re-point partner slot j (expert x with >= 2 replicas) to y = an expert on a
     multi = cx > 1
-    per_minus = np.where(multi, np.take_along_axis(wa, ph, axis=1) / np.maximum(cx - 1, 1), 0.0)
+    per_minus = np.where(multi, take_rows(wa, ph) / np.maximum(cx - 1, 1), 0.0)
     dx_up = np.where(multi, per_minus - per, 0.0)  # [A, N] rise of each holder per replica
     dy_down = wy / cy - wy / (cy + 1)  # [A, S]
     per_plus = wy / (cy + 1)
@@ -102,17 +105,17 @@ def best_steps(
     hx = np.full(wa.shape, -np.inf)  # max new load of x's holders other than a  [A, E]
     np.maximum.at(hx, (np.broadcast_to(rows[:, None], ph.shape), ph), holder)
     n_a_y = cnt[lid, a[:, None], xa]  # [A, S]
-    dx_up_j = np.take_along_axis(dx_up, js, axis=1)
+    dx_up_j = take_rows(dx_up, js)
     n_a_xj = cnt[lid, a[:, None], xj]  # [A, J]
-    n_b_xj = np.take_along_axis(n_slot_x, js, axis=1)
+    n_b_xj = take_rows(n_slot_x, js)
     n_b_y = cnt[lid3, bj[:, None, :], xa[:, :, None]]  # [A, S, J]
     ra_a = l1_3 - (n_a_y * dy_down)[:, :, None] + (n_a_xj * dx_up_j)[:, None, :]
     ra_b = (
-        (lb + n_b_xj * dx_up_j - np.take_along_axis(per_minus, js, axis=1))[:, None, :]
+        (lb + n_b_xj * dx_up_j - take_rows(per_minus, js))[:, None, :]
         - n_b_y * dy_down[:, :, None]
         + per_plus[:, :, None]
     )
-    ra_new = np.maximum(np.maximum(ra_a, ra_b), np.take_along_axis(hx, xj, axis=1)[:, None, :])
+    ra_new = np.maximum(np.maximum(ra_a, ra_b), take_rows(hx, xj)[:, None, :])
     ra_ok = (cj > 1)[:, None, :] & (xj[:, None, :] != xa[:, :, None])
 
     # re-point slot i of a (expert with >= 2 replicas) to an expert that costs a the least
@@ -120,13 +123,13 @@ def best_steps(
     term = (n_a_all + 1) * wa / (ca + 1) - n_a_all * wa / ca
     n_y = min(_REPOINT_CHOICES, term.shape[1])
     ycand = np.argpartition(term, n_y - 1, axis=1)[:, :n_y]  # [A, K] cheapest, any order
-    t_y = np.take_along_axis(term, ycand, axis=1)
+    t_y = take_rows(term, ycand)
     rb_a = (
         l1[:, None]
-        + n_a_y * np.take_along_axis(dx_up, sa, axis=1)
-        - np.take_along_axis(per_minus, sa, axis=1)
+        + n_a_y * take_rows(dx_up, sa)
+        - take_rows(per_minus, sa)
     )[:, :, None] + t_y[:, None, :]
-    rb_new = np.maximum(rb_a, np.take_along_axis(hx, xa, axis=1)[:, :, None])
+    rb_new = np.maximum(rb_a, take_rows(hx, xa)[:, :, None])
     rb_ok = (cy > 1)[:, :, None] & (ycand[:, None, :] != xa[:, :, None])
 
     # new_local: new load of every GPU the step changes (an upper bound for re-points)
@@ -157,7 +160,7 @@ def best_steps(
         gain = l1[:, None] - np.maximum(new_local, level[:, None]) + 0.01 * (
             l1[:, None] - new_local
         )
-        args = (code, node_has, node_of_gpu, cross_weight, lid3)
+        args = (code, node_has, node_of_gpu, cross_weight, gpu_weight, lid3)
         a3 = a[:, None, None]
         b3 = bj[:, None, :]
         sw_cost = _swap_cost(*args, a3, xa[:, :, None], b3, xj[:, None, :])
@@ -197,7 +200,7 @@ def best_steps(
 
 def extra_swaps(
     active, ph, per, lg, heavy, partners, taken, code, node_has, node_of_gpu, cross_weight,
-    spg, level,
+    gpu_weight, spg, level,
 ):
     """The best swap of each further heavy GPU (costed moves only), heaviest first, each with
     a partner GPU that no earlier step of the round in that layer uses.
@@ -210,16 +213,16 @@ def extra_swaps(
     """
     n_act, n_heavy = heavy.shape
     rows = np.arange(n_act)
-    lh = np.take_along_axis(lg, heavy, axis=1)  # [A, H]
+    lh = take_rows(lg, heavy)  # [A, H]
     sa = (heavy[:, :, None] * spg + np.arange(spg)).reshape(n_act, -1)  # [A, H*S]
     js = (partners[:, :, None] * spg + np.arange(spg)).reshape(n_act, -1)  # [A, J]
     bj = js // spg
     n_j = js.shape[1]
-    xa = np.take_along_axis(ph, sa, axis=1).reshape(n_act, n_heavy, spg)
-    pa = np.take_along_axis(per, sa, axis=1).reshape(n_act, n_heavy, spg)
-    xj = np.take_along_axis(ph, js, axis=1)
-    pj = np.take_along_axis(per, js, axis=1)
-    lb = np.take_along_axis(lg, bj, axis=1)  # [A, J]
+    xa = take_rows(ph, sa).reshape(n_act, n_heavy, spg)
+    pa = take_rows(per, sa).reshape(n_act, n_heavy, spg)
+    xj = take_rows(ph, js)
+    pj = take_rows(per, js)
+    lb = take_rows(lg, bj)  # [A, J]
     lh4 = lh[:, :, None, None]
     delta = pa[:, :, :, None] - pj[:, None, None, :]  # [A, H, S, J]
     new_local = np.maximum(lh4 - delta, lb[:, None, None, :] + delta)
@@ -227,7 +230,7 @@ def extra_swaps(
     gain = lh4 - np.maximum(new_local, lev) + 0.01 * (lh4 - new_local)
     useful = (delta > 0) & (new_local < lh4 * (1 - 1e-9)) & (lh4 > lev)
     cost = _swap_cost(
-        code, node_has, node_of_gpu, cross_weight, active[:, None, None, None],
+        code, node_has, node_of_gpu, cross_weight, gpu_weight, active[:, None, None, None],
         heavy[:, :, None, None], xa[:, :, :, None], bj[:, None, None, :],
         xj[:, None, None, :],
     )
