@@ -23,7 +23,13 @@ from controlplane.store import tiers
 from controlplane.store.engine import make_engine
 from controlplane.store.migrate import upgrade
 from controlplane.store.records import (
-    DeviceRecord, HelloRecord, JobRecord, LoadsRecord, RankStatsRow, SamplesRecord, StepStatsRecord,
+    DeviceRecord,
+    HelloRecord,
+    JobRecord,
+    LoadsRecord,
+    RankStatsRow,
+    SamplesRecord,
+    StepStatsRecord,
 )
 from controlplane.store.writes import StoreWriter
 
@@ -86,7 +92,7 @@ def run(url: str, nodes: int, seconds: int) -> None:
             b = c.execute(sa.text(f"SELECT pg_total_relation_size('{table}')")).scalar()
             rows = c.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar()
             sizes[table] = (b, rows)
-    print(f"| table | rows | bytes | bytes/row |\n|---|---|---|---|")
+    print("| table | rows | bytes | bytes/row |\n|---|---|---|---|")
     for k, (b, r) in sizes.items():
         print(f"| {k} | {r} | {b} | {b / max(r, 1):.0f} |")
     per = {k: b / max(r, 1) for k, (b, r) in sizes.items()}
