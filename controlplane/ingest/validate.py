@@ -140,7 +140,7 @@ def loads_record(msg: pb.ExpertLoads, *, node_id: str, seq: int, job: JobShape |
         raise WireError("loads.ranks", "ranks must be unique, at most 256")
     return LoadsRecord(
         node_id, seq, job_id, int(msg.step), ts, tuple(sorted(msg.ranks)), tuple(sorted(msg.missing_ranks)),
-        counts.astype(np.int64),
+        counts,  # read-only view of the wire bytes (int32 or int64); summed into int64 by the store
     )
 
 

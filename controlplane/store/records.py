@@ -1,6 +1,7 @@
 """Validated records handed from the ingest edge to the store (plain data, no protobuf).
 
-Arrays: ``SamplesRecord.values`` float64 [D, M]; ``LoadsRecord.counts`` int64 [L, E].
+Arrays: ``SamplesRecord.values`` float64 [D, M]; ``LoadsRecord.counts`` int32 or int64 [L, E]
+(a read-only view of the wire bytes: no copy per message; the store sums into int64).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class LoadsRecord:
     ts: float
     ranks: tuple[int, ...]
     missing_ranks: tuple[int, ...]
-    counts: np.ndarray  # int64 [L, E]
+    counts: np.ndarray  # int32 or int64 [L, E], read-only
 
 
 @dataclass(frozen=True)

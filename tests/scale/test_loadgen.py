@@ -31,8 +31,8 @@ def test_acknowledged_loads_and_samples_are_stored(database_url, per_rank):
         out = summary(merge([aio.run(run_async(cfg))]))
         engine = srv["engine"]
         steps = q.loads_history(engine, "lg", q.Range(), None)
-    assert out["errors"] == {} and out["duplicates"] == 0
-    assert out["sent"] == out["acked"]
+    assert out["errors"] == {} and out["duplicates"] == 0, out
+    assert out["sent"] == out["acked"], out
     parts = cfg.nodes * (cfg.ranks_per_node if per_rank else 1)
     assert out["acked"]["loads"] == 4 * parts  # 4 steps of 0.25 s in 1 s
     assert [r["step"] for r in steps] == [0, 1, 2, 3]
