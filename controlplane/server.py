@@ -16,6 +16,7 @@ import grpc
 import uvicorn
 
 from controlplane.api.app import create_api
+from controlplane.auth.dashboard import DashboardGate, flask_role, require_operator
 from controlplane.auth.serving import OPEN_BANNER, add_grpc_port, open_mode_problem, tls_files
 from controlplane.auth.tokens import TokenStore
 from controlplane.bus import make_bus
@@ -35,7 +36,7 @@ from controlplane.wire import moeplane_pb2_grpc as rpc
 log = logging.getLogger("moeplane.serve")
 
 
-def _mount_dashboard(api, engine, loop: asyncio.AbstractEventLoop) -> bool:
+def _mount_dashboard(api, engine, loop: asyncio.AbstractEventLoop, tokens: TokenStore | None) -> bool:
     try:
         from a2wsgi import WSGIMiddleware
 
@@ -46,8 +47,10 @@ def _mount_dashboard(api, engine, loop: asyncio.AbstractEventLoop) -> bool:
         return False
     # plan approval from the dashboard runs the REST handlers on this loop (where the bus lives)
     approve, reject = rest_plan_actions(api, loop)
+    # with tokens, the gate admits viewers and only operators may approve or reject
+    approve, reject = (require_operator(a, flask_role) for a in (approve, reject))
     dash_app = create_dash(engine, requests_pathname_prefix="/dashboard/", approve=approve, reject=reject)
-    api.mount("/dashboard", WSGIMiddleware(dash_app.server))
+    api.mount("/dashboard", DashboardGate(WSGIMiddleware(dash_app.server), tokens))
     return True
 
 
@@ -127,7 +130,7 @@ async def serve(
     api = create_api(engine, ingest=ingest, batcher=batcher, bus=bus, bus_name=bus.name, controller=controller,
                      offload_controller=offload_controller, tokens=tokens, retention=retention,
                      retention_policy=policy)
-    dashboard = settings.dashboard and _mount_dashboard(api, engine, loop)
+    dashboard = settings.dashboard and _mount_dashboard(api, engine, loop, tokens)
     http = uvicorn.Server(
         uvicorn.Config(
             api, host=settings.http_host, port=settings.http_port, log_level="warning", lifespan="off",
