@@ -11,7 +11,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
-from controlplane.store.records import SequencedRecord
+from controlplane.store.records import LoadsRecord, SamplesRecord, SequencedRecord
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,9 @@ class Batcher:
         linger_s: after the first record of a batch, wait this long (seconds) for more unless
             ``max_batch`` arrive sooner: bigger transactions cost far less per record (group
             commit); acknowledgements wait at most this much longer.
+        max_pending_bytes: array bytes (loads counts, sample values) admitted but not yet
+            committed; ``admit`` waits while over it, so a slow store stops the streams'
+            reads and gRPC flow control slows the agents instead of memory growing.
         on_commit: called (in the loop) with the committed, non-duplicate records.
     """
 
@@ -34,6 +37,7 @@ class Batcher:
         *,
         max_batch: int = 512,
         linger_s: float = 0.02,
+        max_pending_bytes: int = 64 << 20,
         on_commit: Callable[[list[SequencedRecord]], None] | None = None,
     ):
         self._write = write
@@ -42,6 +46,11 @@ class Batcher:
             raise ValueError(f"linger_s: must be >= 0, got {linger_s}")
         self._linger_s = linger_s
         self._full = asyncio.Event()
+        if max_pending_bytes < 1:
+            raise ValueError(f"max_pending_bytes: must be >= 1, got {max_pending_bytes}")
+        self._max_pending_bytes = max_pending_bytes
+        self.pending_bytes = 0
+        self._room = asyncio.Event()
         self._on_commit = on_commit
         self._queue: asyncio.Queue[tuple[SequencedRecord, asyncio.Future]] = asyncio.Queue()
         self._task: asyncio.Task | None = None
@@ -63,6 +72,21 @@ class Batcher:
         if self._queue.qsize() >= self._max_batch:
             self._full.set()
         return fut
+
+    async def admit(self, record: SequencedRecord) -> asyncio.Future:
+        """``submit`` once the pending bytes leave room (one record is always admitted)."""
+        size = record_bytes(record)
+        while self.pending_bytes and self.pending_bytes + size > self._max_pending_bytes:
+            self._room.clear()
+            await self._room.wait()
+        self.pending_bytes += size
+        fut = self.submit(record)
+        fut.add_done_callback(lambda _f: self._release(size))
+        return fut
+
+    def _release(self, size: int) -> None:
+        self.pending_bytes -= size
+        self._room.set()
 
     async def _write_singly(self, batch) -> list[bool | None]:
         """Write each record in its own transaction; a failing one fails only its own future."""
@@ -104,3 +128,12 @@ class Batcher:
                     fut.set_result(d)
             if self._on_commit is not None:
                 self._on_commit([r for r, d in zip(records, dup, strict=True) if not d])
+
+
+def record_bytes(record: SequencedRecord) -> int:
+    """Array bytes a record holds while it waits for its commit."""
+    if isinstance(record, LoadsRecord):
+        return int(record.counts.nbytes)
+    if isinstance(record, SamplesRecord):
+        return int(record.values.nbytes)
+    return 0

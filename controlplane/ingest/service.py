@@ -5,7 +5,8 @@ acknowledged after its transaction commits (duplicates are acknowledged too, fla
 message gets an Ack with INVALID_ARGUMENT naming the field; the stream goes on. Down: Config
 after hello, Acks, placement plans published on the bus channel ``plans.<job>``, and offload
 decisions published on ``offload.<job>`` for devices of the stream's node.
-Backpressure: at most ``max_in_flight`` unacknowledged messages per stream; past that the
+Backpressure: at most ``max_in_flight`` unacknowledged messages per stream, and at most the
+batcher's ``max_pending_bytes`` of arrays awaiting commit over all streams; past either the
 stream stops reading, and gRPC flow control slows the agent.
 """
 
@@ -260,7 +261,7 @@ class _Stream:
         else:  # pragma: no cover - every oneof member is handled above
             raise WireError("body", f"unexpected {kind}")
         await self.in_flight.acquire()
-        fut = self.svc.batcher.submit(rec)
+        fut = await self.svc.batcher.admit(rec)
 
         def done(f: asyncio.Future, seq=seq):
             self.in_flight.release()
