@@ -126,8 +126,33 @@ def create_plan(
     phy2log = np.ascontiguousarray(phy2log, dtype="<i8")
     if phy2log.ndim != 2 or phy2log.shape[1] != world_size * slots_per_rank:
         raise ValueError(f"phy2log: shape {phy2log.shape} does not match {world_size} x {slots_per_rank} slots")
-    now = _now(clock)
+    for attempt in range(EPOCH_RETRIES):
+        try:
+            return _insert_plan(
+                engine, job_id, phy2log, world_size=world_size, slots_per_rank=slots_per_rank,
+                status=status, kind=kind, base_epoch=base_epoch, leader_term=leader_term, moves=moves,
+                cross_node_moves=cross_node_moves, predicted_before=predicted_before,
+                predicted_after=predicted_after, measured_before=measured_before, reason=reason,
+                now=_now(clock),
+            )
+        except sa.exc.IntegrityError:
+            # another writer took this epoch between our read of max(epoch) and our insert;
+            # UNIQUE(job_id, epoch) refused the duplicate: read again and take the next one
+            if attempt == EPOCH_RETRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+EPOCH_RETRIES = 5
+
+
+def _insert_plan(engine, job_id, phy2log, *, world_size, slots_per_rank, status, kind, base_epoch,
+                 leader_term, moves, cross_node_moves, predicted_before, predicted_after,
+                 measured_before, reason, now) -> int:
     with engine.begin() as conn:
+        # take the job row's write lock first: plan writers of one job queue here, so the
+        # max(epoch) read below is current (PostgreSQL row lock; SQLite's write lock)
+        conn.execute(sa.update(t.jobs).where(t.jobs.c.job_id == job_id).values(job_id=t.jobs.c.job_id))
         if leader_term is not None:
             term = conn.execute(
                 sa.select(t.job_leases.c.term).where(t.job_leases.c.job_id == job_id).with_for_update()

@@ -82,3 +82,19 @@ def test_range_validation():
         q.Range(limit=0)
     with pytest.raises(ValueError, match="step_end"):
         q.Range(step_start=5, step_end=1)
+
+
+def test_concurrent_plan_writers_never_share_an_epoch(engine):
+    """Many threads create plans at once: every epoch is used once, none is lost."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from controlplane.controller.runner import identity
+    from controlplane.store import plans as P
+
+    StoreWriter(engine).register_hello(_hello())
+    phy2log = identity(2, 3, 2, 2)
+    with ThreadPoolExecutor(8) as pool:
+        epochs = list(pool.map(
+            lambda _i: P.create_plan(engine, "j", phy2log, world_size=2, slots_per_rank=2), range(16)
+        ))
+    assert sorted(epochs) == list(range(1, 17))
