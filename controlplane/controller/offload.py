@@ -23,7 +23,6 @@ controller's, so the two loops never fence each other.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import logging
@@ -32,6 +31,7 @@ import time
 from sqlalchemy.engine import Engine
 
 from controlplane.controller.leader import Leadership
+from controlplane.controller.loop import ReconcileLoop
 from controlplane.controller.policy import Mode
 from controlplane.ingest.memory import decision_message, device_memory
 from controlplane.memory import InputError, NodeMemory, OffloadDecision, Verdict, decide_offload
@@ -67,32 +67,16 @@ def push(engine: Engine, job_id: str, decision_id: int, clock=time.time) -> byte
     return decision_message(decision).SerializeToString()
 
 
-class OffloadController:
+class OffloadController(ReconcileLoop):
     """One per replica; reconciles the memory of every job it leads each ``interval_s``."""
+
+    channel = "offload"
 
     def __init__(self, engine: Engine, bus, leadership: Leadership, *, interval_s: float = 0.5,
                  clock=time.time):
-        self.engine = engine
-        self.bus = bus
-        self.leadership = leadership
-        self.interval_s = interval_s
-        self.clock = clock
+        super().__init__(engine, bus, leadership, interval_s=interval_s, clock=clock)
         self._seen: dict[str, tuple] = {}
         self.status: dict[str, str] = {}  # job -> what the last tick concluded (for /health, tests)
-
-    async def run(self, stop: asyncio.Event) -> None:
-        try:
-            while not stop.is_set():
-                try:
-                    messages = await asyncio.to_thread(self.reconcile_all)
-                    for job_id, payload in messages:
-                        await self.bus.publish(f"offload.{job_id}", payload)
-                except Exception:  # noqa: BLE001 - a bad tick must not stop the loop; logged
-                    log.exception("offload controller tick failed")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.interval_s)
-        finally:
-            await asyncio.to_thread(self.leadership.release_all)
 
     def reconcile_all(self) -> list[tuple[str, bytes]]:
         out = []

@@ -8,8 +8,6 @@ it was applied, and fails plans that were pushed but never applied in time.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -21,6 +19,7 @@ from sqlalchemy.engine import Engine
 from controlplane.balancing import balancedness
 from controlplane.controller.decide import Action, decide
 from controlplane.controller.leader import Leadership
+from controlplane.controller.loop import ReconcileLoop
 from controlplane.controller.policy import Mode
 from controlplane.store import plans as P
 from controlplane.store import queries as q
@@ -75,31 +74,15 @@ def push(engine: Engine, job_id: str, epoch: int, clock=time.time) -> bytes:
     return plan_message(plan, latest + 1)
 
 
-class Controller:
-    """One per replica; reconciles every job it leads each ``interval_s``."""
+class Controller(ReconcileLoop):
+    """One per replica; reconciles the placement of every job it leads each ``interval_s``."""
+
+    channel = "plans"
 
     def __init__(self, engine: Engine, bus, leadership: Leadership, *, interval_s: float = 0.5, clock=time.time):
-        self.engine = engine
-        self.bus = bus
-        self.leadership = leadership
-        self.interval_s = interval_s
-        self.clock = clock
+        super().__init__(engine, bus, leadership, interval_s=interval_s, clock=clock)
         self._seen_step: dict[str, int] = {}
         self.decisions: dict[str, str] = {}  # job -> last decision reason (for /health and tests)
-
-    async def run(self, stop: asyncio.Event) -> None:
-        try:
-            while not stop.is_set():
-                try:
-                    messages = await asyncio.to_thread(self.reconcile_all)
-                    for job_id, payload in messages:
-                        await self.bus.publish(f"plans.{job_id}", payload)
-                except Exception:  # noqa: BLE001 - a bad tick must not stop the loop; logged
-                    log.exception("controller tick failed")
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.interval_s)
-        finally:
-            await asyncio.to_thread(self.leadership.release_all)
 
     def reconcile_all(self) -> list[tuple[str, bytes]]:
         out = []
