@@ -1,9 +1,11 @@
 """The node-local endpoint: ``NodeLocal.Attach`` for training ranks, on a Unix socket.
 
-A rank opens one stream, sends ``RankHello`` first, then ``RankStep`` per step and
-``PlanReport`` when it applies a plan. The agent writes ``RankControl(plan=...)`` down the
-stream when a plan arrives, and ``RankControl(ack=Ack(seq=step, code=3, ...))`` when it rejects
-a step (the stream survives). A bad hello ends the stream with INVALID_ARGUMENT.
+A rank opens one stream, sends ``RankHello`` first, then ``RankStep`` per step (with its
+``MemoryProfile`` when it measured one), ``PlanReport`` when it applies a plan and
+``OffloadReport`` when it applies an offload decision. The agent writes
+``RankControl(plan=...)`` / ``RankControl(offload=...)`` down the stream when a plan or an
+offload decision arrives, and ``RankControl(ack=Ack(seq=step, code=3, ...))`` when it rejects
+a step or part of one (the stream survives). A bad hello ends the stream with INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class NodeLocalService(pb_grpc.NodeLocalServicer):
                         self.node.rank_step(link, msg.step)
                     elif body == "plan_report":
                         self.node.rank_plan_report(link, msg.plan_report)
+                    elif body == "offload_report":
+                        self.node.rank_offload_report(link, msg.offload_report)
                     else:
                         raise ValueError(f"body: {body!r} not allowed after the hello")
                 except ValueError as exc:

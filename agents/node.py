@@ -1,13 +1,20 @@
-"""What the agent knows about its node: attached ranks, the job, step aggregation and plans.
+"""What the agent knows about its node: attached ranks, the job, step aggregation, plans and
+memory offload (:mod:`agents.offload`).
 
-Driven by the local endpoint (ranks) and the uplink (plans, config); everything it wants to
-send upward goes through ``emit`` (the spool). Time comes in through ``monotonic``/``clock``.
+Driven by the local endpoint (ranks) and the uplink (plans, offload decisions, config);
+everything it wants to send upward goes through ``emit`` (the spool). Time comes in through
+``monotonic``/``clock``.
+
+A rank's device that the node's collector does not report (e.g. a CPU rank of a host-only
+node) is announced in the node's hello as a device of kind ``rank``, so that the control plane
+accepts that device's memory profiles.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -15,6 +22,7 @@ import numpy as np
 
 from agents import messages
 from agents.aggregation import NodeStep, RankReport, StepAggregator
+from agents.offload import OffloadRelay
 from controlplane.wire import moeplane_pb2 as pb
 from controlplane.wire.arrays import WireError, decode_array
 
@@ -41,8 +49,10 @@ class NodeState:
     """The node's ranks and job. ``emit(msg)`` numbers and spools an AgentMessage."""
 
     def __init__(self, node_id: str, emit: Callable[[pb.AgentMessage], int], *,
-                 devices: list[pb.DeviceInfo], hostname: str, version: str, job_id: str = "", ranks: list[int] | None = None, step_deadline_s: float = 10.0,
-                 monotonic: Callable[[], float]):
+                 devices: list[pb.DeviceInfo], hostname: str, version: str, job_id: str = "",
+                 ranks: list[int] | None = None, step_deadline_s: float = 10.0,
+                 monotonic: Callable[[], float], clock: Callable[[], float] = time.time,
+                 memory_interval_s: float = 10.0, host_free: Callable[[], int] = lambda: 0):
         self.node_id = node_id
         self.emit = emit
         self.devices = devices
@@ -59,8 +69,11 @@ class NodeState:
         self.aggregator: StepAggregator | None = None
         self.plans: dict[int, _PlanProgress] = {}
         self.latest_plan: pb.PlacementPlan | None = None
-        self.announced: tuple[str, bytes] | None = None
+        self.announced: tuple[str, bytes, tuple[str, ...]] | None = None
         self.step_opened = asyncio.Event()
+        self.offload = OffloadRelay(emit, interval_s=memory_interval_s, host_free=host_free,
+                                    clock=clock)
+        self.memory_changed = asyncio.Event()
 
     # ------------------------------------------------------------------ hello
 
@@ -69,7 +82,8 @@ class NodeState:
         for d in self.devices:
             d.rank = self.device_ranks.get(d.device_id, -1)
         job = self.job or pb.JobSpec()
-        self.announced = (self.job_id, job.SerializeToString(deterministic=True))
+        self.announced = (self.job_id, job.SerializeToString(deterministic=True),
+                          tuple(d.device_id for d in self.devices))
         return pb.Hello(
             node_id=self.node_id, hostname=self.hostname, agent_version=self.version,
             devices=self.devices,
@@ -110,9 +124,16 @@ class NodeState:
         self.aggregator.expect(hello.rank)
         if hello.device_id:
             self.device_ranks[hello.device_id] = hello.rank
+            if all(d.device_id != hello.device_id for d in self.devices):
+                self.devices.append(pb.DeviceInfo(
+                    device_id=hello.device_id, index=len(self.devices), kind="rank",
+                    model=f"device of rank {hello.rank}", rank=hello.rank))
         self._announce_if_changed()
         if self.latest_plan is not None and self.latest_plan.job_id == self.job_id:
             link.outbox.put_nowait(pb.RankControl(plan=self.latest_plan))
+        decision = self.offload.for_device(hello.device_id) if hello.device_id else None
+        if decision is not None and decision.job_id == self.job_id:
+            link.outbox.put_nowait(pb.RankControl(offload=decision))
         log.info("rank %d of job %s attached (device %s)", hello.rank, job.job_id,
                  hello.device_id or "-")
         return link
@@ -123,13 +144,18 @@ class NodeState:
             log.info("rank %d detached", link.rank)
 
     def _announce_if_changed(self) -> None:
-        """Send a fresh Hello mid-stream when the job became known after the last one."""
+        """Send a fresh Hello mid-stream when the job or the devices changed since the last."""
         job = self.job.SerializeToString(deterministic=True) if self.job else b""
-        if self.announced is not None and self.announced != (self.job_id, job):
+        devices = tuple(d.device_id for d in self.devices)
+        if self.announced is not None and self.announced != (self.job_id, job, devices):
             self.emit(pb.AgentMessage(hello=self.hello()))
 
     def rank_step(self, link: RankLink, step: pb.RankStep) -> None:
-        """Validate and aggregate one rank's step. Raises ValueError naming the field."""
+        """Validate and aggregate one rank's step. Raises ValueError naming the field.
+
+        A bad ``step.memory`` raises after the step's counts were aggregated: the profile is
+        dropped, the rest of the step counts.
+        """
         if step.step < 0:
             raise ValueError(f"step.step: {step.step} < 0")
         counts = decode_array(step.counts, "step.counts", shape=(link.job.layers,
@@ -148,6 +174,13 @@ class NodeState:
             self._emit_step(done)
         if opened:
             self.step_opened.set()
+        if step.HasField("memory"):
+            self.offload.add_profile(link.rank, link.device_id, step.step, step.memory)
+            self.memory_changed.set()
+
+    def flush_memory(self, now: float | None = None, force: bool = False) -> int | None:
+        """Emit the ranks' pending memory profiles when due (see :class:`OffloadRelay`)."""
+        return self.offload.flush(self.job_id, self.monotonic() if now is None else now, force)
 
     def flush_due(self, now: float | None = None) -> None:
         """Emit steps whose deadline passed (all open steps with ``now=inf``)."""
@@ -177,6 +210,25 @@ class NodeState:
             if link.job.job_id == plan.job_id:
                 link.outbox.put_nowait(pb.RankControl(plan=plan))
         self.emit(messages.plan_report(plan.job_id, plan.epoch, pb.PLAN_STATE_RECEIVED))
+
+    # ------------------------------------------------------------------ offload
+
+    def on_offload(self, decision: pb.OffloadDecision) -> None:
+        """Forward a decision to the rank of its device (or its rank), once per decision_id."""
+        if not self.offload.on_decision(decision):
+            log.info("offload decision %d already received", decision.decision_id)
+            return
+        link = next((x for x in self.links.values() if x.device_id == decision.device_id),
+                    None) or self.links.get(decision.rank)
+        if link is None or link.job.job_id != decision.job_id:
+            log.info("offload decision %d for %s: no such rank attached yet; kept for it",
+                     decision.decision_id, decision.device_id)
+            return
+        link.outbox.put_nowait(pb.RankControl(offload=decision))
+
+    def rank_offload_report(self, link: RankLink, report: pb.OffloadReport) -> None:
+        """Send a rank's offload report upward. Raises ValueError naming the field."""
+        self.offload.report(link.rank, link.device_id, self.job_id, report)
 
     def rank_plan_report(self, link: RankLink, report: pb.PlanReport) -> None:
         """Forward APPLIED once every attached rank of the job applied (a rank that never

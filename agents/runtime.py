@@ -36,23 +36,34 @@ class AgentOptions:
     ranks: list[int] = field(default_factory=list)
     local_socket: str = ""
     step_deadline_s: float = 10.0
+    memory_interval_s: float = 10.0
     max_spool_messages: int = 200_000
     max_spool_bytes: int = 256 << 20
     uplink: UplinkOptions = field(default_factory=UplinkOptions)
 
 
+def host_free_bytes() -> int:
+    """Memory available to new processes on this host (psutil), bytes."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
 class Agent:
-    """One node agent. ``clock`` gives unix seconds (timestamps), ``monotonic`` schedules."""
+    """One node agent. ``clock`` gives unix seconds (timestamps), ``monotonic`` schedules,
+    ``host_free`` the host's free memory in bytes (for memory profiles)."""
 
     def __init__(self, options: AgentOptions, collector: Collector, *,
                  clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic,
+                 host_free: Callable[[], int] = host_free_bytes):
         if options.interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {options.interval_s}")
         self.options = options
         self.collector = collector
         self.clock = clock
         self.monotonic = monotonic
+        self.host_free = host_free
         self.interval_s = options.interval_s
         self.spool = Spool(options.spool_dir, max_messages=options.max_spool_messages,
                            max_bytes=options.max_spool_bytes)
@@ -76,6 +87,8 @@ class Agent:
                 self.node.job_id = cfg.job_id
         elif body == "plan":
             self.node.on_plan(msg.plan)
+        elif body == "offload":
+            self.node.on_offload(msg.offload)
 
     def sample_once(self) -> int:
         """Take one sampling round and spool it; return its seq."""
@@ -129,6 +142,23 @@ class Agent:
                     w.cancel()
             node.flush_due()
 
+    async def _memory_loop(self, stop: asyncio.Event) -> None:
+        """Send the ranks' memory profiles as they come, at most once per memory interval."""
+        node = self.node
+        while not stop.is_set():
+            due = node.offload.due_at()
+            timeout = None if due is None else max(0.0, due - self.monotonic())
+            node.memory_changed.clear()
+            waiters = [asyncio.create_task(stop.wait()),
+                       asyncio.create_task(node.memory_changed.wait())]
+            try:
+                await asyncio.wait(waiters, timeout=timeout,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+            node.flush_memory()
+
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; on the way out, emit open steps and close the spool."""
         o = self.options
@@ -136,7 +166,9 @@ class Agent:
         self.node = NodeState(o.node_id, self._emit, devices=devices,
                               hostname=socket.gethostname(), version=AGENT_VERSION,
                               job_id=o.job_id, ranks=o.ranks,
-                              step_deadline_s=o.step_deadline_s, monotonic=self.monotonic)
+                              step_deadline_s=o.step_deadline_s, monotonic=self.monotonic,
+                              clock=self.clock, memory_interval_s=o.memory_interval_s,
+                              host_free=self.host_free)
         self.uplink = Uplink(self.spool, o.uplink, self.node.hello, self._on_control)
         local = await start_local_server(self.node, o.local_socket
                                          or default_socket_path(o.node_id))
@@ -144,6 +176,7 @@ class Agent:
                  len(devices), self.spool.path, self.spool.count, self.spool.next_seq)
         tasks = [asyncio.create_task(self._sample_loop(stop)),
                  asyncio.create_task(self._deadline_loop(stop)),
+                 asyncio.create_task(self._memory_loop(stop)),
                  asyncio.create_task(self.uplink.run(stop))]
         stopper = asyncio.create_task(stop.wait())
         try:
@@ -155,6 +188,7 @@ class Agent:
             results = await asyncio.gather(*tasks, return_exceptions=True)
             await local.stop(grace=0.5)
             self.node.flush_due(math.inf)
+            self.node.flush_memory(force=True)
             self.spool.close()
             self.collector.close()
         for r in results:

@@ -24,8 +24,9 @@ def parse_ranks(text: str) -> list[int]:
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "agent", help="run the node agent",
-        description="Stream device telemetry and the node's per-step expert loads to the "
-                    "control plane; fan placement plans out to the node's training ranks.")
+        description="Stream device telemetry, the node's per-step expert loads and its ranks' "
+                    "memory profiles to the control plane; fan placement plans and offload "
+                    "decisions out to the node's training ranks.")
     p.add_argument("--node-id", required=True, help="this node's id, e.g. node-0")
     p.add_argument("--server", default=os.environ.get("MOEPLANE_AGENT_SERVER",
                                                       "127.0.0.1:50051"),
@@ -54,6 +55,9 @@ def register(subparsers) -> None:
     p.add_argument("--step-deadline", type=float, default=10.0,
                    help="seconds after a step's first rank report before it is sent "
                         "without the missing ranks")
+    p.add_argument("--memory-interval", type=float, default=10.0,
+                   help="at most one memory-profile message per this many seconds "
+                        "(default %(default)s)")
     p.add_argument("--spool-max-mb", type=float, default=256.0, help="spool size bound")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
@@ -78,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     options = AgentOptions(
         node_id=args.node_id, spool_dir=spool_dir, interval_s=args.interval,
         job_id=args.job_id, ranks=args.ranks, local_socket=args.local_socket,
-        step_deadline_s=args.step_deadline,
+        step_deadline_s=args.step_deadline, memory_interval_s=args.memory_interval,
         max_spool_bytes=int(args.spool_max_mb * (1 << 20)),
         uplink=UplinkOptions(server=args.server, token=args.token, tls=args.tls,
                              tls_ca_file=args.tls_ca, seed=seed),

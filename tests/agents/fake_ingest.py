@@ -98,8 +98,12 @@ class FakeIngest(pb_grpc.IngestServicer):
             self.loop.call_soon_threadsafe(q.put_nowait, None)
 
     def send_plan(self, plan: pb.PlacementPlan) -> None:
+        self.send_control(pb.ControlMessage(plan=plan))
+
+    def send_control(self, msg: pb.ControlMessage) -> None:
+        """Write ``msg`` (a plan, an offload decision, ...) down every open stream."""
         for q in list(self._streams):
-            self.loop.call_soon_threadsafe(q.put_nowait, pb.ControlMessage(plan=plan))
+            self.loop.call_soon_threadsafe(q.put_nowait, msg)
 
     # ------------------------------------------------------------------ waiting
 

@@ -22,15 +22,16 @@ JOB = pb.JobSpec(job_id="j1", layers=2, experts=4, top_k=1, world_size=2, slots_
 class Rank:
     """A synchronous NodeLocal client: messages in through a queue, controls out."""
 
-    def __init__(self, channel: grpc.Channel, rank: int, job: pb.JobSpec = JOB):
+    def __init__(self, channel: grpc.Channel, rank: int, job: pb.JobSpec = JOB,
+                 device_id: str = ""):
         self.outbox: queue.Queue = queue.Queue()
-        self.outbox.put(pb.RankMessage(hello=pb.RankHello(job=job, rank=rank,
-                                                          device_id=f"node-0/gpu{rank}")))
+        self.outbox.put(pb.RankMessage(hello=pb.RankHello(
+            job=job, rank=rank, device_id=device_id or f"node-0/gpu{rank}")))
         self.responses = pb_grpc.NodeLocalStub(channel).Attach(iter(self.outbox.get, None))
 
-    def step(self, step: int, counts: np.ndarray) -> None:
+    def step(self, step: int, counts: np.ndarray, memory: pb.MemoryProfile | None = None) -> None:
         self.outbox.put(pb.RankMessage(step=pb.RankStep(
-            step=step, counts=encode_array(counts), timestamp=1.7e9,
+            step=step, counts=encode_array(counts), timestamp=1.7e9, memory=memory,
             stats=pb.RankStepStats(rank=0, step_time_s=0.5, host_bound_ratio=0.25, tokens=9))))
 
     def close(self) -> None:

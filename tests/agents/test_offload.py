@@ -1,0 +1,165 @@
+"""Memory offload through the agent: profiles up (rate-limited, device ids of the ranks' hellos,
+free host memory), decisions down to the right rank once per decision_id, reports up."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+
+from agents.offload import OffloadRelay
+from controlplane.wire import moeplane_pb2 as pb
+from tests.agents.fake_ingest import FakeIngest
+from tests.agents.procs import start_agent, stop, wait_path
+from tests.agents.test_local_endpoint import Rank
+from tests.conftest import free_port
+
+GIB = 1 << 30
+
+
+def profile(used: int = 12 * GIB, layers: int = 2) -> pb.MemoryProfile:
+    return pb.MemoryProfile(
+        capacity_bytes=16 * GIB, used_bytes=used, parameters_bytes=GIB, gradients_bytes=GIB,
+        optimizer_bytes=2 * GIB, activations_peak_bytes=4 * GIB, host_link_bytes_per_s=1e10,
+        layers=[pb.LayerMemory(name=f"layers.{i}", activation_bytes=2 * GIB, forward_s=0.01,
+                               backward_s=0.02) for i in range(layers)],
+    )
+
+
+def decision(decision_id: int, device_id: str, rank: int = 0) -> pb.OffloadDecision:
+    return pb.OffloadDecision(
+        job_id="j1", decision_id=decision_id, device_id=device_id, rank=rank, verdict="apply",
+        actions=[pb.OffloadAction(kind="recompute", layers=["layers.0"], bytes_saved=GIB)])
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def relay(interval_s: float = 10.0):
+    sent: list[pb.AgentMessage] = []
+    clock = Clock()
+
+    def emit(msg: pb.AgentMessage) -> int:
+        sent.append(msg)
+        return len(sent)
+
+    return OffloadRelay(emit, interval_s=interval_s, host_free=lambda: 5 * GIB,
+                        clock=clock), sent
+
+
+def test_profiles_go_up_at_most_once_per_interval_with_the_latest_of_each_rank():
+    r, sent = relay(interval_s=10.0)
+    assert r.flush("j1", now=0.0) is None  # nothing pending
+    r.add_profile(1, "node-0/gpu1", 7, profile())
+    r.add_profile(0, "node-0/gpu0", 7, profile())
+    assert r.flush("j1", now=0.0) == 1  # the first goes at once
+    r.add_profile(0, "node-0/gpu0", 8, profile(used=10 * GIB))
+    r.add_profile(0, "node-0/gpu0", 9, profile(used=11 * GIB))
+    assert r.flush("j1", now=9.9) is None
+    assert r.flush("j1", now=10.0) == 2
+    first, second = (m.memory for m in sent)
+    assert (first.job_id, first.step, first.host_free_bytes) == ("j1", 7, 5 * GIB)
+    assert [(d.device_id, d.rank) for d in first.devices] == [("node-0/gpu0", 0),
+                                                             ("node-0/gpu1", 1)]
+    assert second.step == 9 and [d.used_bytes for d in second.devices] == [11 * GIB]
+
+
+@pytest.mark.parametrize(("bad", "field"), [
+    (pb.MemoryProfile(capacity_bytes=0), "capacity_bytes"),
+    (pb.MemoryProfile(capacity_bytes=10, used_bytes=11, host_link_bytes_per_s=1.0), "used_bytes"),
+    (pb.MemoryProfile(capacity_bytes=10, used_bytes=1), "host_link_bytes_per_s"),
+    (pb.MemoryProfile(capacity_bytes=10, used_bytes=1, host_link_bytes_per_s=1.0), "layers"),
+])
+def test_a_profile_the_control_plane_would_refuse_is_dropped_naming_the_field(bad, field):
+    r, sent = relay()
+    with pytest.raises(ValueError, match=f"step.memory.{field}"):
+        r.add_profile(0, "node-0/gpu0", 1, bad)
+    with pytest.raises(ValueError, match="device_id"):
+        r.add_profile(0, "", 1, profile())
+    assert r.flush("j1", now=0.0) is None and sent == []
+
+
+def test_decisions_are_deduplicated_and_reports_name_the_rank_device():
+    r, sent = relay()
+    assert r.on_decision(decision(3, "node-0/gpu0"))
+    assert not r.on_decision(decision(3, "node-0/gpu0"))  # resent after a hello
+    assert r.on_decision(decision(2, "node-0/gpu0"))  # older, unseen: received, not newest
+    assert r.for_device("node-0/gpu0").decision_id == 3
+    assert [(m.offload_report.decision_id, m.offload_report.state) for m in sent] == [
+        (3, pb.PLAN_STATE_RECEIVED), (2, pb.PLAN_STATE_RECEIVED)]
+    r.report(0, "node-0/gpu0", "j1", pb.OffloadReport(decision_id=3, state=pb.PLAN_STATE_APPLIED,
+                                                      measured_saved_bytes=5))
+    assert (sent[-1].offload_report.device_id, sent[-1].offload_report.job_id) == (
+        "node-0/gpu0", "j1")
+    with pytest.raises(ValueError, match="offload_report.device_id"):
+        r.report(0, "node-0/gpu0", "j1", pb.OffloadReport(decision_id=3, device_id="node-0/gpu1"))
+    with pytest.raises(ValueError, match="offload_report.decision_id"):
+        r.report(0, "node-0/gpu0", "j1", pb.OffloadReport(decision_id=0))
+
+
+def stored(store, kind: str) -> list:
+    return [getattr(m, kind) for _, m in sorted(store.stored.items(), key=lambda kv: kv[0][1])
+            if m.WhichOneof("body") == kind]
+
+
+def next_offload(rank: Rank) -> pb.OffloadDecision:
+    for control in rank.responses:
+        if control.WhichOneof("body") == "offload":
+            return control.offload
+        assert control.WhichOneof("body") != "ack" or control.ack.code == 0, control
+    raise AssertionError("stream ended")
+
+
+def test_the_agent_process_carries_profiles_decisions_and_reports(tmp_path):
+    ingest = FakeIngest(free_port()).start()
+    agent = start_agent(tmp_path, ingest.port, "node-0", "--job-id", "j1", "--ranks", "0-1",
+                        "--memory-interval", "0.1")
+    channel = None
+    ranks: list[Rank] = []
+    try:
+        wait_path(tmp_path / "node-0.sock", agent)
+        channel = grpc.insecure_channel(f"unix:{tmp_path / 'node-0.sock'}")
+        # rank 1 runs a device the sim collector does not know: it is announced in a hello
+        ranks = [Rank(channel, 0), Rank(channel, 1, device_id="node-0/cpu1")]
+        for step in range(3):
+            for r in ranks:
+                r.step(step, np.ones((2, 4), np.int64), profile(used=(10 + step) * GIB))
+        ingest.wait_for(lambda s: any(d.device_id == "node-0/cpu1" and d.kind == "rank"
+                                      for h in s.hellos for d in h.devices))
+        mem = ingest.wait_for(lambda s: [m for m in stored(s, "memory")
+                                         if len(m.devices) == 2 and m.step == 2])
+        assert [(d.device_id, d.rank) for d in mem[-1].devices] == [("node-0/gpu0", 0),
+                                                                    ("node-0/cpu1", 1)]
+        assert mem[-1].job_id == "j1" and mem[-1].host_free_bytes > 0
+        assert mem[-1].devices[0].used_bytes == 12 * GIB
+        # a decision for each rank's device; a resend of the first is not forwarded again
+        ingest.send_control(pb.ControlMessage(offload=decision(5, "node-0/cpu1", rank=1)))
+        ingest.send_control(pb.ControlMessage(offload=decision(5, "node-0/cpu1", rank=1)))
+        ingest.send_control(pb.ControlMessage(offload=decision(6, "node-0/cpu1", rank=1)))
+        ingest.send_control(pb.ControlMessage(offload=decision(7, "node-0/gpu0", rank=0)))
+        assert next_offload(ranks[1]).decision_id == 5
+        assert next_offload(ranks[1]).decision_id == 6
+        assert next_offload(ranks[0]).decision_id == 7
+        ranks[1].outbox.put(pb.RankMessage(offload_report=pb.OffloadReport(
+            decision_id=6, state=pb.PLAN_STATE_APPLIED, step=3, measured_used_bytes=9 * GIB,
+            measured_saved_bytes=GIB)))
+        reports = ingest.wait_for(lambda s: [r for r in stored(s, "offload_report")
+                                             if r.state == pb.PLAN_STATE_APPLIED])
+        received = ingest.snapshot(lambda s: [r.decision_id for r in stored(s, "offload_report")
+                                              if r.state == pb.PLAN_STATE_RECEIVED])
+    finally:
+        for r in ranks:
+            r.close()
+        if channel is not None:
+            channel.close()
+        code = stop(agent)
+        ingest.stop()
+    assert code == 0
+    assert [(r.job_id, r.decision_id, r.device_id, r.measured_saved_bytes) for r in reports] == [
+        ("j1", 6, "node-0/cpu1", GIB)]
+    assert received == [5, 6, 7]
