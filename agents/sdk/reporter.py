@@ -22,11 +22,16 @@ work the device waits for (data loading, host preprocessing) in ``with reporter.
   the wall time of the step (``time.perf_counter``), i.e. the share of the step not spent in
   torch compute.
 
-Memory breakdown (:attr:`Reporter.memory`, bytes; not on the wire — ``RankStepStats`` has no
-memory fields): parameters, gradients, optimizer state (tensors in ``optimizer.state``),
-activation peak from ``with reporter.activations():`` around forward+backward (CUDA: peak
-allocated above the region's start; CPU: bytes of tensors saved for backward, deduplicated by
-storage, the model's parameters excluded).
+Memory breakdown (:attr:`Reporter.memory`, bytes): parameters, gradients, optimizer state
+(tensors in ``optimizer.state``), activation peak from ``with reporter.activations():`` around
+forward+backward (CUDA: peak allocated above the region's start; CPU: bytes of tensors saved
+for backward, deduplicated by storage, the model's parameters excluded).
+
+Memory offload (``offload=`` a :class:`agents.sdk.memory.runner.MemoryOffload` of the model's
+layers): ``activations()`` measures each layer, ``end_step`` attaches the step's
+``MemoryProfile`` to ``RankStep.memory`` (at most once per the offload's profile interval) and
+then runs the offload's step boundary, where a pushed ``RankControl.offload`` is applied and
+its ``OffloadReport`` queued for the agent.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ class _Step:
     end_event: object = None  # torch.cuda.Event at the step end (CUDA)
     start_event: object = None  # previous step end event (CUDA)
     regions: tuple = ()  # (begin, end) CUDA event pairs
+    memory: pb.MemoryProfile | None = None
 
 
 def memory_breakdown(model: nn.Module, optimizer=None) -> dict[str, int]:
@@ -92,6 +98,7 @@ class Reporter:
         device_id: this rank's device as the agent names it ("" when unknown).
         on_plan: called (on the receive thread) with every ``PlacementPlan`` from the agent.
         model, optimizer: for the memory breakdown (optional).
+        offload: runs offload decisions and profiles the layers (optional, see above).
         max_pending: steps queued before the oldest is dropped.
         clock: unix seconds for timestamps; perf: monotonic seconds for durations.
     """
@@ -107,6 +114,7 @@ class Reporter:
         on_plan: Callable[[pb.PlacementPlan], object] | None = None,
         model: nn.Module | None = None,
         optimizer=None,
+        offload=None,
         max_pending: int = 64,
         clock: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
@@ -119,6 +127,9 @@ class Reporter:
         self.socket_path = socket_path
         self.on_plan = on_plan
         self.model, self.optimizer = model, optimizer
+        self.offload = offload
+        if offload is not None and offload.on_report is None:
+            offload.on_report = self.send_report
         self.clock, self.perf = clock, perf
         self.cuda = counter.is_cuda
         self.dropped = 0
@@ -169,6 +180,13 @@ class Reporter:
     @contextlib.contextmanager
     def activations(self) -> Iterator[None]:
         """Measure the activation peak of the enclosed forward (and backward)."""
+        if self.offload is not None:  # it measures per layer (its hooks would hide ours)
+            try:
+                with self.offload.measure():
+                    yield
+            finally:
+                self.memory["activation_peak"] = self.offload.profiler.activation_peak_bytes
+            return
         if self.cuda:
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
@@ -215,10 +233,16 @@ class Reporter:
                      "host_bound_ratio": min(1.0, host_s / step_time) if step_time > 0 else 0.0}
         if self.model is not None:
             self.memory.update(memory_breakdown(self.model, self.optimizer))
+        if self.offload is not None:
+            item.memory = self.offload.profile(self.device_id, self.rank)
+            if item.memory is not None:
+                self.memory["activation_peak"] = item.memory.activations_peak_bytes
         self._put(item)
+        if self.offload is not None:
+            self.offload.step_boundary(step)  # its report goes out through send_report
 
-    def send_report(self, report: pb.PlanReport) -> None:
-        """Queue a ``PlanReport`` for the agent (any thread)."""
+    def send_report(self, report: pb.PlanReport | pb.OffloadReport) -> None:
+        """Queue a ``PlanReport`` or an ``OffloadReport`` for the agent (any thread)."""
         self._put(report)
 
     def close(self, timeout: float = 5.0) -> None:
@@ -279,7 +303,9 @@ class Reporter:
 
     def _handle(self, control: pb.RankControl) -> None:
         body = control.WhichOneof("body")
-        if body == "plan" and self.on_plan is not None:
+        if body == "offload" and self.offload is not None:
+            self.offload.submit(control.offload)
+        elif body == "plan" and self.on_plan is not None:
             try:
                 self.on_plan(control.plan)
             except Exception:  # a faulty callback must not end the stream
@@ -301,6 +327,8 @@ class Reporter:
                 item = self._items.popleft()
             if isinstance(item, pb.PlanReport):
                 yield pb.RankMessage(plan_report=item)
+            elif isinstance(item, pb.OffloadReport):
+                yield pb.RankMessage(offload_report=item)
             else:
                 yield pb.RankMessage(step=self._encode(item))
                 self.sent_steps += 1
@@ -317,4 +345,4 @@ class Reporter:
         stats = pb.RankStepStats(rank=self.rank, step_time_s=item.step_time_s,
                                  host_bound_ratio=max(0.0, ratio), tokens=item.tokens)
         return pb.RankStep(step=item.step, counts=encode_array(counts), stats=stats,
-                           timestamp=item.timestamp)
+                           timestamp=item.timestamp, memory=item.memory)
