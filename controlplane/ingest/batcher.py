@@ -7,6 +7,7 @@ The database work runs in a worker thread; the event loop never blocks on it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
@@ -50,7 +51,7 @@ class Batcher:
             raise ValueError(f"max_pending_bytes: must be >= 1, got {max_pending_bytes}")
         self._max_pending_bytes = max_pending_bytes
         self.pending_bytes = 0
-        self._room = asyncio.Event()
+        self._waiters: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
         self._on_commit = on_commit
         self._queue: asyncio.Queue[tuple[SequencedRecord, asyncio.Future]] = asyncio.Queue()
         self._task: asyncio.Task | None = None
@@ -74,19 +75,39 @@ class Batcher:
         return fut
 
     async def admit(self, record: SequencedRecord) -> asyncio.Future:
-        """``submit`` once the pending bytes leave room (one record is always admitted)."""
+        """``submit`` once the pending bytes leave room (one record is always admitted).
+
+        Waiters are served first come, first served, each woken only when its bytes fit;
+        records without arrays never wait.
+        """
         size = record_bytes(record)
-        while self.pending_bytes and self.pending_bytes + size > self._max_pending_bytes:
-            self._room.clear()
-            await self._room.wait()
-        self.pending_bytes += size
+        if size and (self._waiters or (self.pending_bytes and self.pending_bytes + size > self._max_pending_bytes)):
+            room = asyncio.get_running_loop().create_future()
+            self._waiters.append((size, room))
+            try:
+                await room
+            except asyncio.CancelledError:
+                if room.done() and not room.cancelled():  # its bytes were reserved: give back
+                    self._release(size)
+                raise
+        else:
+            self.pending_bytes += size
         fut = self.submit(record)
         fut.add_done_callback(lambda _f: self._release(size))
         return fut
 
     def _release(self, size: int) -> None:
         self.pending_bytes -= size
-        self._room.set()
+        while self._waiters:
+            want, room = self._waiters[0]
+            if room.done():  # its waiter was cancelled
+                self._waiters.popleft()
+                continue
+            if self.pending_bytes and self.pending_bytes + want > self._max_pending_bytes:
+                break
+            self._waiters.popleft()
+            self.pending_bytes += want
+            room.set_result(None)
 
     async def _write_singly(self, batch) -> list[bool | None]:
         """Write each record in its own transaction; a failing one fails only its own future."""
