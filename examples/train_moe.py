@@ -11,6 +11,12 @@ control plane sends back:
 
     torchrun --nproc-per-node 4 examples/train_moe.py --agent-socket /tmp/moeplane.sock
 
+With ``--memory-offload`` each rank also profiles its blocks' memory (``RankStep.memory``) and
+applies the offload decisions the control plane pushes (activation swap and optimizer-state
+offload; never recomputation, since a block's forward runs the expert all_to_all, which one
+rank cannot rerun alone). ``--memory-capacity-mb`` sets the capacity a CPU rank reports
+(default: the host's memory), so that a watermark can be tried on a laptop.
+
 Without an agent, ``--rebalance-every N`` plans locally (the same greedy on every rank, from the
 loads of the last N steps summed over ranks) and applies through the same applier.
 """
@@ -32,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agents.sdk.applier import PlanApplier
+from agents.sdk.memory.runner import MemoryOffload
 from agents.sdk.moe import ExpertParallelMoE, attach_counter, moe_blocks, sync_gradients
 from agents.sdk.placement import balancedness, rank_loads, rebalance
 from agents.sdk.reporter import Reporter
@@ -114,6 +121,10 @@ def parse_args(argv=None):
     p.add_argument("--job-id", default="train-moe")
     p.add_argument("--rebalance-every", type=int, default=0,
                    help="standalone: plan locally every N steps (0: never)")
+    p.add_argument("--memory-offload", action="store_true",
+                   help="profile memory per block and apply pushed offload decisions")
+    p.add_argument("--memory-capacity-mb", type=float, default=0.0,
+                   help="device capacity a CPU rank reports (default: host memory)")
     p.add_argument("--log-every", type=int, default=10)
     return p.parse_args(argv)
 
@@ -147,9 +158,16 @@ def main(argv=None) -> None:
     job = pb.JobSpec(job_id=args.job_id, layers=args.layers, experts=args.experts,
                      top_k=args.top_k, world_size=world, slots_per_rank=args.slots_per_rank,
                      ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    offload = None
+    if args.memory_offload:
+        offload = MemoryOffload(
+            model.blocks, [f"blocks.{i}" for i in range(args.layers)], model=model,
+            optimizer=opt, micro_batch_size=args.batch,
+            capacity_bytes=int(args.memory_capacity_mb * (1 << 20)) or None,
+            kinds=("swap_activations", "offload_optimizer"))
     reporter = Reporter(counter, rank=rank, job=job, socket_path=args.agent_socket or None,
                         device_id=f"{os.uname().nodename}/cpu{rank}", on_plan=applier.submit,
-                        model=model, optimizer=opt).start()
+                        model=model, optimizer=opt, offload=offload).start()
     applier.on_report = reporter.send_report
 
     data = stdlib_bytes(args.data_bytes)
@@ -194,6 +212,12 @@ def main(argv=None) -> None:
                          stats["step_time_s"] * 1e3, stats["host_bound_ratio"], applier.epoch,
                          (step + 1) / (time.perf_counter() - started))
     reporter.close()
+    if offload is not None:
+        for r in offload.reports:
+            log.info("rank %d offload decision %d %s: used %d B, saved %d B %s", rank,
+                     r.decision_id, pb.PlanState.Name(r.state), r.measured_used_bytes,
+                     r.measured_saved_bytes, r.error)
+        offload.close()
     if rank == 0:
         log.info("done: memory %s, steps dropped %d", reporter.memory, reporter.dropped)
     dist.destroy_process_group()

@@ -151,3 +151,15 @@ def test_a_decision_that_cannot_be_applied_is_reported_failed_with_everything_un
     assert "unknown layer 'layers.9'" in failed.error and failed.step == 3
     assert list(net.layers) == originals and offload.applied() == []
     offload.close()
+
+
+def test_a_model_can_refuse_recomputation():
+    net, opt, offload = setup(kinds=("swap_activations", "offload_optimizer"))
+    reporter = Reporter(torch.zeros(2, 4, dtype=torch.int64), rank=0, job=JOB, offload=offload)
+    train_step(reporter, net, opt, 0)
+    offload.submit(decision(5, ("swap_activations", ["layers.0"]), ("recompute", ["layers.1"])))
+    train_step(reporter, net, opt, 1)
+    assert offload.reports[-1].state == pb.PLAN_STATE_FAILED
+    assert "decision.actions[1].kind: 'recompute' is not allowed" in offload.reports[-1].error
+    assert offload.applied() == [] and not any(isinstance(m, SwappedLayer) for m in net.layers)
+    offload.close()

@@ -15,7 +15,10 @@ end of every step (training thread). At the first boundary after a decision arri
 
 or, when applying fails, report FAILED with the error, with every action undone.
 Decisions are handled once per ``decision_id``; an older decision than the one in effect is
-ignored.
+ignored. ``kinds`` limits the action kinds this model accepts: layers that run collectives in
+forward (e.g. expert-parallel all_to_all) must not be recomputed by one rank alone, so such
+jobs pass ``kinds=("swap_activations", "offload_optimizer")`` and a decision asking for
+recomputation is reported FAILED.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 from torch import nn
 
-from agents.sdk.memory.apply import AppliedMemory, MemoryReport, apply_actions
+from agents.sdk.memory.apply import KINDS, AppliedMemory, MemoryReport, apply_actions
 from agents.sdk.memory.profiler import LayerProfiler
 from agents.sdk.memory.swap import SwappedLayer
 from agents.sdk.memory.wire import actions_of, applied_names, measured_saving, offload_report
@@ -50,7 +53,7 @@ class MemoryOffload:
                  model: nn.Module | None = None, optimizer=None,
                  capacity_bytes: int | None = None, micro_batch_size: int = 0,
                  on_report: Callable[[pb.OffloadReport], None] | None = None,
-                 profile_interval_s: float = 1.0,
+                 profile_interval_s: float = 1.0, kinds: Sequence[str] = KINDS,
                  monotonic: Callable[[], float] = time.monotonic):
         self.layers = layers
         self.names = [str(i) for i in range(len(layers))] if names is None else list(names)
@@ -58,6 +61,10 @@ class MemoryOffload:
         self.profiler = LayerProfiler(list(layers), self.names, model=model,
                                       optimizer=optimizer, capacity_bytes=capacity_bytes,
                                       micro_batch_size=micro_batch_size)
+        unknown = set(kinds) - set(KINDS)
+        if unknown:
+            raise ValueError(f"kinds: unknown {sorted(unknown)} (known: {', '.join(KINDS)})")
+        self.kinds = tuple(kinds)
         self.on_report = on_report
         self.profile_interval_s = profile_interval_s
         self.monotonic = monotonic
@@ -137,8 +144,12 @@ class MemoryOffload:
         before = self._now()
         self._undo()
         try:
-            self.handle = apply_actions(self.layers, actions_of(decision), self.names,
-                                        self.optimizer)
+            actions = actions_of(decision)
+            for i, a in enumerate(actions):
+                if a.kind not in self.kinds:
+                    raise ValueError(f"decision.actions[{i}].kind: {a.kind!r} is not allowed "
+                                     f"for this model (allowed: {', '.join(self.kinds)})")
+            self.handle = apply_actions(self.layers, actions, self.names, self.optimizer)
         except (ValueError, RuntimeError) as exc:
             log.warning("offload decision %d not applied: %s", decision.decision_id, exc)
             for i, original in enumerate(self.profiler.modules):  # whatever got wrapped
