@@ -1,4 +1,9 @@
-"""Start ``moeplane agent`` as a real subprocess and talk to its NodeLocal socket."""
+"""Start ``moeplane agent`` as a real subprocess and talk to its NodeLocal socket.
+
+Every process started here is registered; ``reap()`` (run after each test by
+``tests/agents/conftest.py``) kills whatever a test left running, e.g. when an assertion
+failed before its ``stop``.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +26,38 @@ def start_agent(tmp_path: Path, port: int, node_id: str = "node-0", *extra: str,
         "--local-socket", str(tmp_path / f"{node_id}.sock"), "--seed", "7", *extra,
     ]
     full_env = {**os.environ, **(env or {})}
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+    return track(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env))
+
+
+_started: list[subprocess.Popen] = []
+
+
+def track(proc: subprocess.Popen) -> subprocess.Popen:
+    """Register ``proc`` for :func:`reap`."""
+    _started.append(proc)
+    return proc
+
+
+def reap() -> list[int]:
+    """Kill every registered process still running; return their pids."""
+    left = [p for p in _started if p.poll() is None]
+    for p in left:
+        p.kill()
+    for p in left:
+        p.wait(10)
+    _started.clear()
+    return [p.pid for p in left]
+
+
+def stop_all(*procs: subprocess.Popen | None) -> list[int | None]:
+    """Stop every process (also when stopping one fails); their exit codes, None if absent."""
+    codes: list[int | None] = []
+    for p in procs:
+        try:
+            codes.append(None if p is None else stop(p))
+        except subprocess.TimeoutExpired:
+            codes.append(-9)
+    return codes
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:

@@ -202,8 +202,11 @@ def test_spool_lost_agent_renumbers_past_what_the_control_plane_stored(ingest, t
 
 def test_sigint_exits_cleanly_while_disconnected(tmp_path):
     agent = start_agent(tmp_path, free_port())  # nobody listens: it keeps backing off
-    wait_spool(tmp_path / "spool-node-0" / "spool.sqlite", lambda n: n >= 3)
-    assert stop(agent, signal.SIGINT) == 0
+    try:
+        wait_spool(tmp_path / "spool-node-0" / "spool.sqlite", lambda n: n >= 3)
+    finally:
+        code = stop(agent, signal.SIGINT)
+    assert code == 0
 
 
 def test_plan_from_the_control_plane_reaches_a_report(ingest, tmp_path):

@@ -42,12 +42,17 @@ class Rank:
 def setup(tmp_path):
     ingest = FakeIngest(free_port()).start()
     agent = start_agent(tmp_path, ingest.port, "node-0", "--job-id", "j1", "--ranks", "0-1")
-    wait_path(tmp_path / "node-0.sock", agent)
-    channel = grpc.insecure_channel(f"unix:{tmp_path / 'node-0.sock'}")
-    yield ingest, channel
-    channel.close()
-    assert stop(agent) == 0
-    ingest.stop()
+    channel = None
+    try:
+        wait_path(tmp_path / "node-0.sock", agent)
+        channel = grpc.insecure_channel(f"unix:{tmp_path / 'node-0.sock'}")
+        yield ingest, channel
+    finally:
+        if channel is not None:
+            channel.close()
+        code = stop(agent)
+        ingest.stop()
+    assert code == 0
 
 
 def test_bad_step_is_rejected_on_the_stream_and_good_steps_are_summed(setup):

@@ -11,7 +11,7 @@ import pytest
 from controlplane.wire import moeplane_pb2 as pb
 from controlplane.wire.arrays import decode_array, encode_array
 from tests.agents.fake_ingest import FakeIngest
-from tests.agents.procs import start_agent, stop, wait_path
+from tests.agents.procs import start_agent, stop_all, track, wait_path
 from tests.conftest import free_port
 
 L, E, K, TOKENS, G = 2, 8, 2, 64, 2
@@ -26,12 +26,12 @@ def ingest():
 
 def start_simulate(tmp_path, *extra: str) -> subprocess.Popen:
     log = open(tmp_path / "simulate.log", "ab")  # noqa: SIM115
-    return subprocess.Popen(
+    return track(subprocess.Popen(
         [sys.executable, "-m", "controlplane.cli.main", "simulate", "--job-id", "j1",
          "--nodes", "2", "--gpus-per-node", str(G), "--layers", str(L), "--experts", str(E),
          "--top-k", str(K), "--tokens-per-step", str(TOKENS), "--step-time", "0.05",
          "--seed", "3", "--agent-socket-template", str(tmp_path / "{node}.sock"), *extra],
-        stdout=log, stderr=subprocess.STDOUT)
+        stdout=log, stderr=subprocess.STDOUT))
 
 
 def plan_reports(store, state):
@@ -59,10 +59,8 @@ def test_simulated_job_reports_per_node_loads_and_applies_a_plan_on_every_rank(
                                   and plan_reports(s, pb.PLAN_STATE_APPLIED))
         ingest.wait_for(lambda s: len(s.loads) >= 2 * 20)
     finally:
-        if sim is not None:
-            assert stop(sim) == 0
-        for a in agents:
-            assert stop(a) == 0
+        codes = stop_all(sim, *agents)
+    assert codes == [0, 0, 0]
     store = ingest.store
     # the job shape reached the control plane in a hello (mid-stream once ranks attached)
     shapes = {(h.node_id, h.job.layers, h.job.experts, h.job.world_size) for h in store.hellos}
@@ -99,9 +97,8 @@ def test_a_rank_that_never_reports_is_listed_missing_after_the_deadline(ingest, 
         sim = start_simulate(tmp_path, "--steps", "3", "--nodes", "1")
         ingest.wait_for(lambda s: len(s.loads) >= 1)
     finally:
-        if sim is not None:
-            assert stop(sim) == 0
-        assert stop(agent) == 0
+        codes = stop_all(sim, agent)
+    assert codes == [0, 0]
     msg = next(iter(ingest.store.loads.values()))
     assert list(msg.missing_ranks) == [2]
 
@@ -124,10 +121,8 @@ def test_control_plane_outage_during_a_job_loses_no_step_and_stores_each_once(
         ingest.start()
         ingest.wait_for(lambda s: len(s.loads) == 2 * 40 and len(s.step_stats) == 2 * G * 40)
     finally:
-        if sim is not None and sim.poll() is None:
-            stop(sim)
-        for a in agents:
-            assert stop(a) == 0
+        codes = stop_all(sim if sim is not None and sim.poll() is None else None, *agents)
+    assert codes[1:] == [0, 0]
     store = ingest.store
     assert before < 2 * 40
     kinds = [(node, m.WhichOneof("body"), m.loads.step) for (node, _), m in store.stored.items()
