@@ -35,6 +35,7 @@ import numpy as np
 import psycopg
 
 from benchmarks.scaleharness import (
+    NO_CONTROLLER,
     Meter,
     cpu_of,
     free_port,
@@ -91,7 +92,7 @@ def scenario_bare(a, tmp: Path) -> dict:
 
 
 def scenario_cp(a, tmp: Path, url: str, name: str, lg_args: list[str], *, during_factory=None) -> dict:
-    srv = start_serve(url, tmp, name=name)
+    srv = start_serve(url, tmp, name=name, env=None if a.with_controller else NO_CONTROLLER)
     try:
         during = during_factory(srv) if during_factory else None
         out = run_loadgen_against(srv.pid, srv.grpc, tmp, lg_args, name, during=during)
@@ -176,6 +177,8 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=40)
     ap.add_argument("--lg-processes", type=int, default=2)
     ap.add_argument("--max-in-flight", type=int, default=64)
+    ap.add_argument("--with-controller", action="store_true",
+                    help="keep the rebalancing controller running (it plans for the emulated job)")
     ap.add_argument("--skip", default="", help="comma-separated scenarios to skip")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
@@ -229,7 +232,8 @@ def render(a, res: dict, argv) -> str:
         "(noisy); every number below comes from one run, compare the ratios.", "",
         f"Load: {a.nodes} nodes × 8 ranks, one ExpertLoads of 58×256 int32 per rank per "
         f"{a.step_time} s step (no node aggregation); telemetry: {a.sample_nodes} nodes × 8 devices "
-        f"× 16 metrics at 1 Hz; {a.duration} s per scenario.", "",
+        f"× 16 metrics at 1 Hz; {a.duration} s per scenario. Rebalancing controller "
+        f"{'ON' if a.with_controller else 'idle (MOEPLANE_CONTROLLER_INTERVAL_S=1e9)'}.", "",
         "| scenario | counters or samples acked | per s | serving CPU s | CPU s per M | "
         "postgres CPU s | steady share of a core | ack p50/p99 ms |",
         "|---|---|---|---|---|---|---|---|",

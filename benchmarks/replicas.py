@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.scaleharness import (
+    NO_CONTROLLER,
     REDIS,
     cpu_of,
     loadgen,
@@ -49,7 +50,8 @@ def tree_cpu(pid: int) -> float:
 
 def one(replicas: int, a, tmp: Path) -> dict:
     with pg_database() as url:
-        servers = [start_serve(url, tmp, redis_url=REDIS, name=f"rep{replicas}-{i}") for i in range(replicas)]
+        servers = [start_serve(url, tmp, redis_url=REDIS, name=f"rep{replicas}-{i}", env=NO_CONTROLLER)
+                   for i in range(replicas)]
         try:
             cpu0 = [cpu_of(s.pid) for s in servers]
             pg0 = postgres_cpu()

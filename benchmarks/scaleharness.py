@@ -24,6 +24,9 @@ import psutil
 PG_ADMIN = os.environ.get("MOEPLANE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS = os.environ.get("MOEPLANE_BENCH_REDIS", "redis://127.0.0.1:6379/0")
 MOEPLANE = [sys.executable, "-m", "controlplane.cli.main"]
+# The rebalancing controller's first tick finds no job; this interval keeps it from planning
+# during an ingest measurement (its planning cost is the planner benchmark's subject).
+NO_CONTROLLER = {"MOEPLANE_CONTROLLER_INTERVAL_S": "1e9"}
 
 
 def free_port() -> int:
@@ -97,8 +100,9 @@ class Serve:
 
 
 def start_serve(database_url: str, tmp: Path, *, redis_url: str = "", name: str = "serve",
-                grpc_port: int | None = None, http_port: int | None = None) -> Serve:
-    """Start ``moeplane serve`` and wait until /health answers."""
+                grpc_port: int | None = None, http_port: int | None = None,
+                env: dict | None = None) -> Serve:
+    """Start ``moeplane serve`` and wait until /health answers. ``env``: extra environment."""
     grpc_port = grpc_port or free_port()
     http_port = http_port or free_port()
     args = ["serve", "--database-url", database_url, "--grpc-listen", f"127.0.0.1:{grpc_port}",
@@ -107,7 +111,7 @@ def start_serve(database_url: str, tmp: Path, *, redis_url: str = "", name: str 
         args += ["--redis-url", redis_url]
     log = tmp / f"{name}.log"
     popen = subprocess.Popen(MOEPLANE + args, stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                             env=os.environ | {"PYTHONUNBUFFERED": "1"}, start_new_session=True)
+                             env=os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {}), start_new_session=True)
     srv = Serve(popen, f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}", log)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
