@@ -108,26 +108,61 @@ def test_manual_policy_changes_nothing_until_approved(tmp_path):
             p.stop()
 
 
-def test_control_plane_killed_mid_stream_loses_and_doubles_nothing(tmp_path):
+def spooled_samples(spool_dir) -> int:
+    """Device-sample rounds an agent holds unacknowledged (read from its spool file)."""
+    import sqlite3
+
+    path = spool_dir / "spool.sqlite"
+    if not path.exists():
+        return 0
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
+        return db.execute("SELECT count(*) FROM messages WHERE kind = 'samples'").fetchone()[0]
+
+
+def test_control_plane_down_30s_mid_job_loses_and_doubles_nothing(tmp_path):
+    """Issue 6: the control plane is killed for 30 s while a simulated job runs, then restarted:
+    every step and every sample round arrives exactly once (counted in the database)."""
+    import sqlalchemy as sa
+
+    from controlplane.store.engine import make_engine
+
+    steps, interval = 400, 1.0  # the control plane tells agents to sample at 1 Hz
     db = f"sqlite:///{tmp_path / 'k.sqlite'}"
     serve = start_serve(tmp_path, db)
-    agents, sim = start_job(tmp_path, serve, steps=40, step_time=0.1)
+    agents, sim = start_job(tmp_path, serve, steps=steps, step_time=0.1)
     api = httpx.Client(base_url=serve.info["http"] + "/api/v1", timeout=10)
     try:
         wait_until(lambda: (api.get("/jobs/e2e").json().get("latest_step") or 0) >= 8, 60, "some steps")
-        serve.stop(signal.SIGKILL)  # connections drop mid-stream; agents spool and resend
-        grpc_port = serve.info["grpc_port"]
-        serve = start_serve(tmp_path, db, name="serve-2", extra=[])
-        # the agents know the old address: restart on the same gRPC port
-        serve.stop()
-        serve = spawn_on_port(tmp_path, db, grpc_port)
+        serve.stop(signal.SIGKILL)  # connections drop mid-stream; agents keep sampling and spool
+        api.close()
+        # the outage lasts until every agent has spooled 30 s of sample rounds
+        wait_until(lambda: all(spooled_samples(tmp_path / f"spool{i}") >= 30 / interval for i in range(NODES)),
+                   120, "30 s of spooled samples on every agent", interval=0.5)
+        assert sim.popen.poll() is None, "the job must still be running when the control plane returns"
+        serve = spawn_on_port(tmp_path, db, serve.info["grpc_port"])
         api = httpx.Client(base_url=serve.info["http"] + "/api/v1", timeout=10)
-        assert sim.popen.wait(180) == 0, sim.output()
-        wait_until(lambda: len(api.get("/jobs/e2e/loads", params={"step_end": 40}).json()) == 40
-                   and all(s["nodes_reported"] == NODES for s in api.get("/jobs/e2e/loads", params={"step_end": 40}).json()),
-                   60, "every step from every node after the restart")
-        for s in api.get("/jobs/e2e/loads", params={"step_end": 40}).json():
+        assert sim.popen.wait(300) == 0, sim.output()
+
+        def complete():
+            loads = api.get("/jobs/e2e/loads", params={"step_end": steps, "limit": steps}).json()
+            return len(loads) == steps and all(s["nodes_reported"] == NODES for s in loads) and loads
+
+        for s in wait_until(complete, 120, "every step from every node after the restart"):
             np.testing.assert_array_equal(np.sum(s["counts"], axis=1), NODES * GPN * TOKENS * TOP_K)
+        wait_until(lambda: all(spooled_samples(tmp_path / f"spool{i}") == 0 for i in range(NODES)), 60, "spools drained")
+        engine = make_engine(db)
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text(
+                "SELECT l.node_id, f.ts FROM sample_frames f JOIN sample_layouts l ON l.id = f.layout"
+            )).all()
+            parts = conn.execute(sa.text("SELECT count(*) FROM load_parts WHERE job_id = 'e2e'")).scalar()
+        engine.dispose()
+        assert parts == steps * NODES
+        for i in range(NODES):
+            ts = sorted(t for n, t in rows if n == f"node-{i}")
+            assert len(ts) == len(set(ts)), "a sample round stored twice"
+            gaps = np.diff(ts)
+            assert ts[-1] - ts[0] > 30 and gaps.max() < 5 * interval, f"samples missing: largest gap {gaps.max():.2f}s"
     finally:
         api.close()
         for p in [sim, *agents, serve]:
