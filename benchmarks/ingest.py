@@ -71,7 +71,7 @@ def run_loadgen_against(target_pid: int, target: str, tmp: Path, lg_args: list[s
 def lg_loads_args(a) -> list[str]:
     return ["--nodes", str(a.nodes), "--step-time", str(a.step_time), "--sample-interval", "0",
             "--duration", str(a.duration), "--processes", str(a.lg_processes), "--job", "bench",
-            "--max-in-flight", str(a.max_in_flight)]
+            "--max-in-flight", str(a.max_in_flight)] + (["--per-node"] if a.per_node else [])
 
 
 def lg_samples_args(a) -> list[str]:
@@ -177,6 +177,8 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=40)
     ap.add_argument("--lg-processes", type=int, default=2)
     ap.add_argument("--max-in-flight", type=int, default=64)
+    ap.add_argument("--per-node", action="store_true",
+                    help="one ExpertLoads per node per step (agent-side aggregation) instead of per rank")
     ap.add_argument("--with-controller", action="store_true",
                     help="keep the rebalancing controller running (it plans for the emulated job)")
     ap.add_argument("--skip", default="", help="comma-separated scenarios to skip")
@@ -186,9 +188,9 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
     res: dict = {}
     fresh: list[float] = []
-    loads_msgs_per_s = a.nodes * 8 / a.step_time
+    loads_msgs_per_s = a.nodes * (1 if a.per_node else 8) / a.step_time
     print(f"loads: {a.nodes} nodes x 8 ranks, step {a.step_time}s = {loads_msgs_per_s:.0f} msg/s, "
-          f"{loads_msgs_per_s * 58 * 256 / 1e6:.2f} M counters/s offered", flush=True)
+          f"{loads_msgs_per_s * 58 * 256 / 1e6:.2f} M counters/s on the wire", flush=True)
     if "bare" not in skip:
         res["bare"] = scenario_bare(a, tmp)
         print("bare", res["bare"], flush=True)
@@ -214,7 +216,7 @@ def main(argv=None) -> int:
         with pg_database() as url:
             res["freshness-pg"] = scenario_cp(
                 a, tmp, url, "freshness-pg", lg_loads_args(a),
-                during_factory=freshness_poller(a.nodes * 8, fresh))
+                during_factory=freshness_poller(a.nodes * (1 if a.per_node else 8), fresh))
             res["freshness-pg"]["freshness"] = percentiles(fresh) | {"steps": len(fresh)}
             print("freshness", res["freshness-pg"]["freshness"], flush=True)
     report = render(a, res, argv if argv is not None else sys.argv[1:])
@@ -230,8 +232,9 @@ def render(a, res: dict, argv) -> str:
         "Command: `.venv/bin/python -m benchmarks.ingest " + " ".join(argv) + "`", "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores shared with other engineers' work "
         "(noisy); every number below comes from one run, compare the ratios.", "",
-        f"Load: {a.nodes} nodes × 8 ranks, one ExpertLoads of 58×256 int32 per rank per "
-        f"{a.step_time} s step (no node aggregation); telemetry: {a.sample_nodes} nodes × 8 devices "
+        f"Load: {a.nodes} nodes × 8 ranks, one ExpertLoads of 58×256 int32 per "
+        f"{'node (8 ranks summed by the agent)' if a.per_node else 'rank (no node aggregation)'} per "
+        f"{a.step_time} s step; telemetry: {a.sample_nodes} nodes × 8 devices "
         f"× 16 metrics at 1 Hz; {a.duration} s per scenario. Rebalancing controller "
         f"{'ON' if a.with_controller else 'idle (MOEPLANE_CONTROLLER_INTERVAL_S=1e9)'}.", "",
         "| scenario | counters or samples acked | per s | serving CPU s | CPU s per M | "
@@ -256,6 +259,23 @@ def render(a, res: dict, argv) -> str:
                      f"in {c['wall_s']:.2f} s wall = {copy_rate / 1e6:.1f} M counters/s; client CPU "
                      f"{per_million(c['client_cpu_s'], c['counters']):.3f} s/M, postgres CPU "
                      f"{per_million(c['pg_cpu_s'], c['counters']):.3f} s/M.")
+    if "freshness-pg" in res:
+        f = res["freshness-pg"]["freshness"]
+        lines.append(f"Freshness (step finished → its complete global matrix in REST /loads/latest, polled "
+                     f"every 50 ms, separate run): p50 {f['p50'] or 0:.3f} s, p99 {f['p99'] or 0:.3f} s "
+                     f"over {f['steps']} steps.")
+    if "telemetry-pg" in res and "copy-samples" in res:
+        t, c = res["telemetry-pg"], res["copy-samples"]
+        n = t["samples_acked"]
+        lines.append(
+            f"Telemetry raw storage: {t['frames_bytes'] / max(n, 1):.2f} bytes per sample "
+            f"(pg_total_relation_size('sample_frames') / samples). Plain COPY of the same samples from one "
+            f"process: as frames {per_million(c['frames']['client_cpu_s'], c['samples']):.3f} s/M client + "
+            f"{per_million(c['frames']['pg_cpu_s'], c['samples']):.3f} s/M postgres CPU "
+            f"({c['frames']['bytes'] / c['samples']:.2f} B/sample); as narrow rows "
+            f"(device, metric, ts, value) {per_million(c['narrow']['client_cpu_s'], c['samples']):.3f} s/M client + "
+            f"{per_million(c['narrow']['pg_cpu_s'], c['samples']):.3f} s/M postgres "
+            f"({c['narrow']['bytes'] / c['samples']:.1f} B/sample).")
     lines.append("")
     return "\n".join(lines)
 
