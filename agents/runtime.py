@@ -131,15 +131,7 @@ class Agent:
         while not stop.is_set():
             deadline = node.aggregator.next_deadline() if node.aggregator else None
             timeout = None if deadline is None else max(0.0, deadline - self.monotonic())
-            node.step_opened.clear()
-            waiters = [asyncio.create_task(stop.wait()),
-                       asyncio.create_task(node.step_opened.wait())]
-            try:
-                await asyncio.wait(waiters, timeout=timeout,
-                                   return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waiters:
-                    w.cancel()
+            await _until_set_or_timeout(stop, node.step_opened, timeout)
             node.flush_due()
 
     async def _memory_loop(self, stop: asyncio.Event) -> None:
@@ -148,15 +140,7 @@ class Agent:
         while not stop.is_set():
             due = node.offload.due_at()
             timeout = None if due is None else max(0.0, due - self.monotonic())
-            node.memory_changed.clear()
-            waiters = [asyncio.create_task(stop.wait()),
-                       asyncio.create_task(node.memory_changed.wait())]
-            try:
-                await asyncio.wait(waiters, timeout=timeout,
-                                   return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waiters:
-                    w.cancel()
+            await _until_set_or_timeout(stop, node.memory_changed, timeout)
             node.flush_memory()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -194,3 +178,14 @@ class Agent:
         for r in results:
             if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
                 raise r
+
+
+async def _until_set_or_timeout(stop: asyncio.Event, event: asyncio.Event, timeout: float | None) -> None:
+    """Clear ``event``, then wait until it or ``stop`` is set, or ``timeout`` seconds pass."""
+    event.clear()
+    waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(event.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
