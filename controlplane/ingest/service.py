@@ -81,6 +81,16 @@ class IngestService(rpc.IngestServicer):
         self.clock = clock
         self.tokens = tokens
         self.connected: dict[str, int] = {}  # node_id -> open streams
+        self._plan_cache: tuple[bytes, pb.ControlMessage] | None = None
+
+    def plan_control(self, payload: bytes) -> pb.ControlMessage:
+        """The ControlMessage of a published plan, parsed once and shared by every stream
+        (a 1,024-rank plan is ~475 KB: otherwise one parse and one copy per stream)."""
+        cached = self._plan_cache
+        if cached is None or (cached[0] is not payload and cached[0] != payload):
+            cached = (payload, pb.ControlMessage(plan=pb.PlacementPlan.FromString(payload)))
+            self._plan_cache = cached
+        return cached[1]
 
     async def Connect(self, request_iterator, context):  # noqa: N802 - gRPC method name
         principal = None
@@ -210,8 +220,7 @@ class _Stream:
 
         async def forward():
             async for _channel, payload in sub:
-                plan = pb.PlacementPlan.FromString(payload)
-                self.out.put_nowait(pb.ControlMessage(plan=plan))
+                self.out.put_nowait(self.svc.plan_control(payload))
 
         self.plan_task = asyncio.create_task(forward())
 
