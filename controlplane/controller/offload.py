@@ -38,6 +38,7 @@ from controlplane.memory import InputError, NodeMemory, OffloadDecision, Verdict
 from controlplane.store import memory_profiles as M
 from controlplane.store import offload as O
 from controlplane.store import queries as q
+from controlplane.store.lifecycle import Fenced
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class OffloadController(ReconcileLoop):
                 notes.append(f"{decision.device_id}: {decision.verdict.value}")
                 try:
                     msg = self._persist(job_id, term, policy, profile, decision, latest.get(decision.device_id))
-                except O.Fenced as exc:
+                except Fenced as exc:
                     log.warning("%s; giving up offload leadership", exc)
                     self.leadership.release(lease_name(job_id))
                     self._seen.pop(job_id, None)

@@ -24,6 +24,7 @@ from controlplane.controller.policy import Mode
 from controlplane.store import plans as P
 from controlplane.store import queries as q
 from controlplane.store import tables as t
+from controlplane.store.lifecycle import Fenced
 from controlplane.wire import moeplane_pb2 as pb
 from controlplane.wire.arrays import encode_array
 
@@ -144,7 +145,7 @@ class Controller(ReconcileLoop):
                 predicted_after=decision.predicted_after, measured_before=float(recent[-1]),
                 reason=decision.reason, clock=self.clock,
             )
-        except P.Fenced as exc:
+        except Fenced as exc:
             log.warning("%s; giving up leadership", exc)
             self.leadership.release(job_id)
             return None

@@ -12,8 +12,6 @@ beside the predicted peak.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from enum import StrEnum
 
 import sqlalchemy as sa
@@ -21,6 +19,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from controlplane.controller.offload_policy import OffloadPolicy
 from controlplane.store import tables as t
+from controlplane.store.lifecycle import check_term
+from controlplane.store.lifecycle import now as _now
 from controlplane.store.queries import NotFound
 from controlplane.store.writes import dialect_insert
 
@@ -42,14 +42,6 @@ IN_FLIGHT = (OffloadStatus.PUSHED,)
 
 class DecisionConflict(Exception):
     """A lifecycle step that the decision's state does not allow (REST: 409)."""
-
-
-class Fenced(Exception):
-    """The caller's leadership term is no longer current; it must not create decisions."""
-
-
-def _now(clock: Callable[[], float] | None) -> float:
-    return (clock or time.time)()
 
 
 def _require_job(conn: Connection, job_id: str) -> None:
@@ -135,12 +127,7 @@ def create_decision(
     signature = signature_of(verdict, actions)
     with engine.begin() as conn:
         if leader_term is not None:
-            term = conn.execute(
-                sa.select(t.job_leases.c.term).where(t.job_leases.c.job_id == (lease or job_id))
-                .with_for_update()
-            ).scalar()
-            if term != leader_term:
-                raise Fenced(f"job {job_id!r}: leadership term {leader_term} is stale (current {term})")
+            check_term(conn, lease or job_id, leader_term, job_id)
         decision_id = conn.execute(
             sa.insert(t.offload_decisions).values(
                 job_id=job_id, device_id=device_id, node_id=node_id, rank=rank, status=str(status),

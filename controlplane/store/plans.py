@@ -9,8 +9,6 @@ deposed leader cannot create or publish (fencing).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from enum import StrEnum
 
 import numpy as np
@@ -19,6 +17,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from controlplane.controller.policy import RebalancePolicy
 from controlplane.store import tables as t
+from controlplane.store.lifecycle import check_term
+from controlplane.store.lifecycle import now as _now
 from controlplane.store.queries import NotFound
 from controlplane.store.writes import dialect_insert
 
@@ -40,14 +40,6 @@ IN_FLIGHT = (PlanStatus.PUSHED,)
 
 class PlanConflict(Exception):
     """A lifecycle step that the plan's state does not allow (REST: 409)."""
-
-
-class Fenced(Exception):
-    """The caller's leadership term is no longer current; it must not create or publish."""
-
-
-def _now(clock: Callable[[], float] | None) -> float:
-    return (clock or time.time)()
 
 
 # ---------------------------------------------------------------- policy
@@ -154,11 +146,7 @@ def _insert_plan(engine, job_id, phy2log, *, world_size, slots_per_rank, status,
         # max(epoch) read below is current (PostgreSQL row lock; SQLite's write lock)
         conn.execute(sa.update(t.jobs).where(t.jobs.c.job_id == job_id).values(job_id=t.jobs.c.job_id))
         if leader_term is not None:
-            term = conn.execute(
-                sa.select(t.job_leases.c.term).where(t.job_leases.c.job_id == job_id).with_for_update()
-            ).scalar()
-            if term != leader_term:
-                raise Fenced(f"job {job_id!r}: leadership term {leader_term} is stale (current {term})")
+            check_term(conn, job_id, leader_term, job_id)
         epoch = 1 + int(
             conn.execute(sa.select(sa.func.coalesce(sa.func.max(t.plans.c.epoch), 0)).where(t.plans.c.job_id == job_id)).scalar()
         )
