@@ -24,14 +24,13 @@ from controlplane.controller.leader import Leadership
 from controlplane.controller.offload import OffloadController
 from controlplane.controller.runner import Controller
 from controlplane.ingest.batcher import Batcher
-from controlplane.ingest.service import IngestService, JobCatalog
+from controlplane.ingest.service import IngestService, JobCatalog, add_ingest_to_server
 from controlplane.ingest.validate import JobShape
 from controlplane.retention import Retention, RetentionPolicy
 from controlplane.settings import Settings
 from controlplane.store.engine import make_engine
 from controlplane.store.migrate import upgrade
 from controlplane.store.writes import StoreWriter
-from controlplane.wire import moeplane_pb2_grpc as rpc
 
 log = logging.getLogger("moeplane.serve")
 
@@ -108,7 +107,7 @@ async def serve(
             ("grpc.max_send_message_length", settings.max_message_bytes),
         ]
     )
-    rpc.add_IngestServicer_to_server(ingest, grpc_server)
+    add_ingest_to_server(ingest, grpc_server)
     grpc_port = add_grpc_port(grpc_server, settings.grpc_listen, tls)
     await grpc_server.start()
 

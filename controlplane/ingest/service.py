@@ -81,14 +81,16 @@ class IngestService(rpc.IngestServicer):
         self.clock = clock
         self.tokens = tokens
         self.connected: dict[str, int] = {}  # node_id -> open streams
-        self._plan_cache: tuple[bytes, pb.ControlMessage] | None = None
+        self._plan_cache: tuple[bytes, bytes] | None = None
 
-    def plan_control(self, payload: bytes) -> pb.ControlMessage:
-        """The ControlMessage of a published plan, parsed once and shared by every stream
-        (a 1,024-rank plan is ~475 KB: otherwise one parse and one copy per stream)."""
+    def plan_control(self, payload: bytes) -> bytes:
+        """The serialized ControlMessage of a published plan, built once and shared by every
+        stream (a 1,024-rank plan is ~475 KB). ``payload`` is a serialized PlacementPlan; the
+        ControlMessage is its bytes behind the tag of field 3 (``plan``, length-delimited), so
+        nothing is parsed or re-serialized per stream (see ``add_ingest_to_server``)."""
         cached = self._plan_cache
         if cached is None or (cached[0] is not payload and cached[0] != payload):
-            cached = (payload, pb.ControlMessage(plan=pb.PlacementPlan.FromString(payload)))
+            cached = (payload, control_with_plan(payload))
             self._plan_cache = cached
         return cached[1]
 
@@ -122,6 +124,35 @@ class IngestService(rpc.IngestServicer):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             await stream.close()
+
+
+def control_with_plan(plan: bytes) -> bytes:
+    """Serialized ``ControlMessage(plan=PlacementPlan)`` from the plan's serialized bytes:
+    field 3, wire type 2 (tag 0x1a), varint length, the bytes."""
+    n, length = len(plan), bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        length.append(byte | (0x80 if n else 0))
+        if not n:
+            break
+    return b"\x1a" + bytes(length) + plan
+
+
+def _serialize_control(msg: pb.ControlMessage | bytes) -> bytes:
+    return msg if isinstance(msg, bytes) else msg.SerializeToString()
+
+
+def add_ingest_to_server(service: IngestService, server) -> None:
+    """Register ``Ingest.Connect`` like the generated ``add_IngestServicer_to_server``, except
+    that responses already serialized (shared plan bytes) pass through untouched."""
+    handler = grpc.stream_stream_rpc_method_handler(
+        service.Connect,
+        request_deserializer=pb.AgentMessage.FromString,
+        response_serializer=_serialize_control,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("moeplane.v1.Ingest", {"Connect": handler}),)
+    )
 
 
 class _Abort(Exception):
@@ -340,9 +371,7 @@ class _Stream:
             (plans.PlanStatus.PUSHED, plans.PlanStatus.APPLIED),
         )
         if plan is not None:
-            self.out.put_nowait(
-                pb.ControlMessage(plan=pb.PlacementPlan.FromString(plan_message(plan, 0)))
-            )
+            self.out.put_nowait(control_with_plan(plan_message(plan, 0)))
 
     async def close(self) -> None:
         if self.plan_sub is not None:
