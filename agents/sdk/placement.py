@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from controlplane.balancing.placement import gpu_loads, layer_balancedness
+
 
 class PlacementError(ValueError):
     """A placement that is malformed. ``field`` names the offending argument."""
@@ -90,16 +92,7 @@ def rank_loads(loads: np.ndarray, phy2log: np.ndarray, world_size: int) -> np.nd
     Returns:
         ``[L, G]`` float64 tokens per rank.
     """
-    loads = np.asarray(loads, dtype=np.float64)
-    phy2log = np.asarray(phy2log, dtype=np.int64)
-    layers, experts = loads.shape
-    out = np.zeros((layers, world_size))
-    for layer in range(layers):
-        row = phy2log[layer]
-        count = np.bincount(row, minlength=experts)
-        per_slot = loads[layer, row] / count[row]
-        out[layer] = per_slot.reshape(world_size, -1).sum(axis=1)
-    return out
+    return gpu_loads(loads, np.asarray(phy2log, dtype=np.int64), world_size)
 
 
 def balancedness(per_rank: np.ndarray) -> float:
@@ -107,10 +100,7 @@ def balancedness(per_rank: np.ndarray) -> float:
 
     A layer with no tokens counts as perfectly balanced (1.0).
     """
-    per_rank = np.asarray(per_rank, dtype=np.float64)
-    mean = per_rank.mean(axis=1)
-    ratio = np.where(mean > 0, per_rank.max(axis=1) / np.where(mean > 0, mean, 1.0), 1.0)
-    return float(ratio.mean())
+    return float(layer_balancedness(np.asarray(per_rank, dtype=np.float64)).mean())
 
 
 def rebalance(loads: np.ndarray, world_size: int, slots_per_rank: int) -> np.ndarray:
