@@ -8,7 +8,9 @@ Conventions (EPLB-compatible, see the architecture notes):
 - balancedness of a layer = max rank load / mean rank load (1.0 is perfect); the balancedness
   of a job is the mean of that over layers.
 
-No I/O, no clocks, no globals. Validation raises ``ValueError`` naming the argument.
+The arithmetic is ``controlplane.balancing.placement``'s; this module adds the checks the
+dashboard needs on placements read from the store. No I/O, no clocks, no globals.
+Validation raises ``ValueError`` naming the argument.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from controlplane.balancing import placement as bp
 
 
 def identity_phy2log(layers: int, experts: int, ranks: int, slots_per_rank: int | None = None) -> np.ndarray:
@@ -36,8 +40,7 @@ def identity_phy2log(layers: int, experts: int, ranks: int, slots_per_rank: int 
         raise ValueError(
             f"slots_per_rank: {slots_per_rank} slots on {ranks} ranks cannot hold {experts} experts"
         )
-    row = np.arange(ranks * slots_per_rank, dtype=np.int64) % experts
-    return np.tile(row, (layers, 1))
+    return bp.identity_placement(layers, experts, ranks * slots_per_rank)
 
 
 def _check_placement(loads: np.ndarray, phy2log: np.ndarray, ranks: int) -> tuple[np.ndarray, np.ndarray]:
@@ -51,7 +54,7 @@ def _check_placement(loads: np.ndarray, phy2log: np.ndarray, ranks: int) -> tupl
         raise ValueError(f"ranks: {ranks} does not divide the {phy2log.shape[1]} slots of phy2log")
     if phy2log.size and (phy2log.min() < 0 or phy2log.max() >= loads.shape[1]):
         raise ValueError(f"phy2log: logical expert ids must be in 0..{loads.shape[1] - 1}")
-    return loads, phy2log
+    return loads, phy2log.astype(np.int64, copy=False)
 
 
 def replica_counts(phy2log: np.ndarray, experts: int) -> np.ndarray:
@@ -59,9 +62,7 @@ def replica_counts(phy2log: np.ndarray, experts: int) -> np.ndarray:
     phy2log = np.asarray(phy2log, dtype=np.int64)
     if phy2log.ndim != 2:
         raise ValueError(f"phy2log: expected [L, G*S], got shape {phy2log.shape}")
-    layers = phy2log.shape[0]
-    flat = phy2log + (np.arange(layers, dtype=np.int64)[:, None] * experts)
-    return np.bincount(flat.ravel(), minlength=layers * experts).reshape(layers, experts)
+    return bp.replica_counts(phy2log, experts)
 
 
 def slot_loads(loads: np.ndarray, phy2log: np.ndarray) -> np.ndarray:
@@ -73,7 +74,7 @@ def slot_loads(loads: np.ndarray, phy2log: np.ndarray) -> np.ndarray:
     loads, phy2log = _check_placement(loads, phy2log, 1)
     reps = replica_counts(phy2log, loads.shape[1])
     per_replica = np.divide(loads, reps, out=np.zeros(loads.shape, dtype=np.float64), where=reps > 0)
-    return np.take_along_axis(per_replica, phy2log.astype(np.int64), axis=1)
+    return np.take_along_axis(per_replica, phy2log, axis=1)
 
 
 def rank_loads(loads: np.ndarray, phy2log: np.ndarray, ranks: int) -> np.ndarray:
@@ -82,8 +83,7 @@ def rank_loads(loads: np.ndarray, phy2log: np.ndarray, ranks: int) -> np.ndarray
     ``loads`` [L, E]; ``phy2log`` [L, G*S] with ``G = ranks``.
     """
     loads, phy2log = _check_placement(loads, phy2log, ranks)
-    per_slot = slot_loads(loads, phy2log)
-    return per_slot.reshape(loads.shape[0], ranks, -1).sum(axis=2)
+    return bp.gpu_loads(loads, phy2log, ranks)
 
 
 def layer_balancedness(per_rank: np.ndarray) -> np.ndarray:
@@ -94,9 +94,7 @@ def layer_balancedness(per_rank: np.ndarray) -> np.ndarray:
     per_rank = np.asarray(per_rank, dtype=np.float64)
     if per_rank.ndim != 2 or per_rank.shape[1] < 1:
         raise ValueError(f"per_rank: expected [L, G] with G >= 1, got shape {per_rank.shape}")
-    mean = per_rank.mean(axis=1)
-    peak = per_rank.max(axis=1)
-    return np.divide(peak, mean, out=np.ones_like(mean), where=mean > 0)
+    return bp.layer_balancedness(per_rank)
 
 
 def balancedness(per_rank: np.ndarray) -> float:
