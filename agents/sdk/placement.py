@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from controlplane.balancing.eplb import eplb_replica_counts
 from controlplane.balancing.placement import gpu_loads, layer_balancedness
 
 
@@ -125,12 +126,10 @@ def rebalance(loads: np.ndarray, world_size: int, slots_per_rank: int) -> np.nda
     total = world_size * slots_per_rank
     if total < experts:
         raise PlacementError("slots_per_rank", f"{world_size}x{slots_per_rank} slots < {experts}")
+    counts = eplb_replica_counts(loads, total)
     out = np.empty((layers, total), dtype=np.int64)
     for layer in range(layers):
-        load = loads[layer]
-        count = np.ones(experts, dtype=np.int64)
-        for _ in range(total - experts):
-            count[int(np.argmax(load / count))] += 1
+        load, count = loads[layer], counts[layer]
         replicas = np.repeat(np.arange(experts), count)
         weight = load[replicas] / count[replicas]
         rank_load = np.zeros(world_size)
