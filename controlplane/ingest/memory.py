@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from controlplane.ingest.validate import _check_id, _check_time
+from controlplane.ingest.validate import check_id, check_time
 from controlplane.memory import (
     ActionKind,
     AppliedAction,
@@ -123,7 +123,7 @@ def profile_records(
         raise WireError("memory.job_id", f"{msg.job_id!r} is not the job of node {node_id!r} ({job_id!r})")
     if msg.step < 0:
         raise WireError("memory.step", f"must be >= 0, got {msg.step}")
-    ts = _check_time(msg.timestamp, "memory.timestamp")
+    ts = check_time(msg.timestamp, "memory.timestamp")
     host_free = _bytes(msg.host_free_bytes, "memory.host_free_bytes")
     if not msg.devices:
         raise WireError("memory.devices", "must not be empty")
@@ -131,7 +131,7 @@ def profile_records(
     profiles: list[ProfileRecord] = []
     for i, dev in enumerate(msg.devices):
         field = f"memory.devices[{i}]"
-        _check_id(dev.device_id, f"{field}.device_id")
+        check_id(dev.device_id, f"{field}.device_id")
         if dev.device_id not in known_devices:
             raise WireError(f"{field}.device_id", f"unknown device {dev.device_id!r} of node {node_id!r}")
         if any(p.device_id == dev.device_id for p in profiles):
@@ -179,8 +179,8 @@ def report_fields(msg: pb.OffloadReport) -> dict:
         raise WireError("offload_report.state", f"unknown state {msg.state}")
     if msg.decision_id <= 0:
         raise WireError("offload_report.decision_id", f"must be positive, got {msg.decision_id}")
-    _check_id(msg.job_id, "offload_report.job_id")
-    _check_id(msg.device_id, "offload_report.device_id")
+    check_id(msg.job_id, "offload_report.job_id")
+    check_id(msg.device_id, "offload_report.device_id")
     if msg.step < 0:
         raise WireError("offload_report.step", f"must be >= 0, got {msg.step}")
     _bytes(msg.measured_used_bytes, "offload_report.measured_used_bytes")

@@ -40,7 +40,8 @@ class JobShape:
     experts: int | None
 
 
-def _check_id(value: str, field: str, *, allow_empty: bool = False) -> str:
+def check_id(value: str, field: str, *, allow_empty: bool = False) -> str:
+    """``value`` as an identifier: non-empty (unless ``allow_empty``), short, no control chars."""
     if not value and not allow_empty:
         raise WireError(field, "must not be empty")
     if len(value) > MAX_ID:
@@ -50,20 +51,21 @@ def _check_id(value: str, field: str, *, allow_empty: bool = False) -> str:
     return value
 
 
-def _check_time(ts: float, field: str) -> float:
+def check_time(ts: float, field: str) -> float:
+    """``ts`` as a finite, non-negative unix time in seconds."""
     if not math.isfinite(ts) or ts < 0:
         raise WireError(field, f"must be a finite unix time in seconds, got {ts}")
     return float(ts)
 
 
 def hello_record(msg: pb.Hello, ts: float) -> HelloRecord:
-    node_id = _check_id(msg.node_id, "hello.node_id")
+    node_id = check_id(msg.node_id, "hello.node_id")
     if len(msg.devices) > MAX_DEVICES:
         raise WireError("hello.devices", f"more than {MAX_DEVICES} devices")
     devices = []
     seen = set()
     for i, d in enumerate(msg.devices):
-        did = _check_id(d.device_id, f"hello.devices[{i}].device_id")
+        did = check_id(d.device_id, f"hello.devices[{i}].device_id")
         if did in seen:
             raise WireError(f"hello.devices[{i}].device_id", f"duplicate {did!r}")
         seen.add(did)
@@ -72,7 +74,7 @@ def hello_record(msg: pb.Hello, ts: float) -> HelloRecord:
         devices.append(
             DeviceRecord(did, d.index, d.kind or "unknown", d.model, d.memory_total_bytes, d.rank)
         )
-    job_id = _check_id(msg.job_id, "hello.job_id", allow_empty=True)
+    job_id = check_id(msg.job_id, "hello.job_id", allow_empty=True)
     job = None
     if msg.HasField("job") and msg.job.job_id:
         j = msg.job
@@ -101,7 +103,7 @@ def hello_record(msg: pb.Hello, ts: float) -> HelloRecord:
 
 
 def samples_record(msg: pb.DeviceSamples, *, node_id: str, seq: int, known_devices: set[str]) -> SamplesRecord:
-    ts = _check_time(msg.timestamp, "samples.timestamp")
+    ts = check_time(msg.timestamp, "samples.timestamp")
     d, m = len(msg.device_ids), len(msg.metrics)
     if d == 0:
         raise WireError("samples.device_ids", "must not be empty")
@@ -115,7 +117,7 @@ def samples_record(msg: pb.DeviceSamples, *, node_id: str, seq: int, known_devic
         raise WireError("samples.metrics", "names must be unique")
     if "" in msg.metrics or max(map(len, msg.metrics)) > MAX_ID or _CONTROL.search("".join(msg.metrics)):
         for i, name in enumerate(msg.metrics):
-            _check_id(name, f"samples.metrics[{i}]")
+            check_id(name, f"samples.metrics[{i}]")
     values = decode_array(msg.values, "samples.values", ndim=2, shape=(d, m), kinds="f", finite=False)
     if np.isinf(values).any():
         raise WireError("samples.values", "contains infinity (use NaN for 'not measured')")
@@ -123,12 +125,12 @@ def samples_record(msg: pb.DeviceSamples, *, node_id: str, seq: int, known_devic
 
 
 def loads_record(msg: pb.ExpertLoads, *, node_id: str, seq: int, job: JobShape | None) -> LoadsRecord:
-    job_id = _check_id(msg.job_id, "loads.job_id")
+    job_id = check_id(msg.job_id, "loads.job_id")
     if job is None:
         raise WireError("loads.job_id", f"unknown job {job_id!r}")
     if msg.step < 0:
         raise WireError("loads.step", f"must not be negative, got {msg.step}")
-    ts = _check_time(msg.timestamp, "loads.timestamp")
+    ts = check_time(msg.timestamp, "loads.timestamp")
     counts = decode_array(
         msg.counts, "loads.counts", ndim=2, shape=(job.layers, job.experts), kinds="i", nonnegative=True
     )
@@ -145,12 +147,12 @@ def loads_record(msg: pb.ExpertLoads, *, node_id: str, seq: int, job: JobShape |
 
 
 def step_stats_record(msg: pb.StepStats, *, node_id: str, seq: int, job_known: bool) -> StepStatsRecord:
-    job_id = _check_id(msg.job_id, "step_stats.job_id")
+    job_id = check_id(msg.job_id, "step_stats.job_id")
     if not job_known:
         raise WireError("step_stats.job_id", f"unknown job {job_id!r}")
     if msg.step < 0:
         raise WireError("step_stats.step", f"must not be negative, got {msg.step}")
-    ts = _check_time(msg.timestamp, "step_stats.timestamp")
+    ts = check_time(msg.timestamp, "step_stats.timestamp")
     rows = []
     seen = set()
     for i, r in enumerate(msg.ranks):
