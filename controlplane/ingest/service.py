@@ -177,10 +177,7 @@ class _Stream:
         self.job_id: str = ""
         self.devices: set[str] = set()
         self.in_flight = asyncio.Semaphore(svc.max_in_flight)
-        self.plan_task: asyncio.Task | None = None
-        self.plan_sub = None
-        self.offload_task: asyncio.Task | None = None
-        self.offload_sub = None
+        self.follows: list[tuple[object, asyncio.Task]] = []  # bus subscriptions of the job
         self.principal: Principal | None = None  # None: open mode
 
     def ack(self, seq: int, code: int = OK, message: str = "", duplicate: bool = False) -> None:
@@ -225,8 +222,7 @@ class _Stream:
             self.svc.catalog.forget(hello.job_id)
         if hello.job_id != self.job_id:
             self.job_id = hello.job_id
-            await self._follow_plans()
-            await self._follow_offload()
+            await self._follow_job()
         self.out.put_nowait(
             pb.ControlMessage(
                 config=pb.Config(
@@ -240,37 +236,35 @@ class _Stream:
             await self.send_running_plan()
             await self.send_pushed_offload()
 
-    async def _follow_plans(self) -> None:
-        if self.plan_sub is not None:
-            await self.plan_sub.close()
-            self.plan_sub = None
+    async def _follow_job(self) -> None:
+        """(Re)subscribe to the job's plans and offload decisions on the bus."""
+        await self._unfollow()
         if not self.job_id:
             return
-        self.plan_sub = await self.svc.bus.subscribe(f"plans.{self.job_id}")
-        sub = self.plan_sub
+        await self._follow(f"plans.{self.job_id}", self.svc.plan_control)
+        await self._follow(f"offload.{self.job_id}", self._offload_control)
+
+    async def _follow(self, channel: str, control: Callable[[bytes], object | None]) -> None:
+        """Forward each payload published on ``channel`` as ``control(payload)`` (None: skip)."""
+        sub = await self.svc.bus.subscribe(channel)
 
         async def forward():
             async for _channel, payload in sub:
-                self.out.put_nowait(self.svc.plan_control(payload))
+                message = control(payload)
+                if message is not None:
+                    self.out.put_nowait(message)
 
-        self.plan_task = asyncio.create_task(forward())
+        self.follows.append((sub, asyncio.create_task(forward())))
 
-    async def _follow_offload(self) -> None:
-        if self.offload_sub is not None:
-            await self.offload_sub.close()
-            self.offload_sub = None
-        if not self.job_id:
-            return
-        self.offload_sub = await self.svc.bus.subscribe(f"offload.{self.job_id}")
-        sub = self.offload_sub
+    async def _unfollow(self) -> None:
+        for sub, task in self.follows:
+            await sub.close()
+            task.cancel()
+        self.follows.clear()
 
-        async def forward():
-            async for _channel, payload in sub:
-                decision = pb.OffloadDecision.FromString(payload)
-                if decision.device_id in self.devices:
-                    self.out.put_nowait(pb.ControlMessage(offload=decision))
-
-        self.offload_task = asyncio.create_task(forward())
+    def _offload_control(self, payload: bytes) -> pb.ControlMessage | None:
+        decision = pb.OffloadDecision.FromString(payload)
+        return pb.ControlMessage(offload=decision) if decision.device_id in self.devices else None
 
     async def on_sequenced(self, kind: str, msg: pb.AgentMessage) -> None:
         seq = msg.seq
@@ -374,14 +368,7 @@ class _Stream:
             self.out.put_nowait(control_with_plan(plan_message(plan, 0)))
 
     async def close(self) -> None:
-        if self.plan_sub is not None:
-            await self.plan_sub.close()
-        if self.plan_task is not None:
-            self.plan_task.cancel()
-        if self.offload_sub is not None:
-            await self.offload_sub.close()
-        if self.offload_task is not None:
-            self.offload_task.cancel()
+        await self._unfollow()
         if self.node_id is not None:
             n = self.svc.connected.get(self.node_id, 1) - 1
             if n <= 0:
