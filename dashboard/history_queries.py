@@ -8,14 +8,12 @@ each node at or before a given time instead of the live ``node_latest`` row.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from controlplane.store import tables as t
-from controlplane.store.queries import Range
+from controlplane.store.queries import Range, _frame
 
 DEFAULT_MAX_AGE_S = 120.0
 
@@ -55,8 +53,7 @@ def device_values_at(
                 per_node[row.node_id] = row
     out: dict[str, dict] = {}
     for node_id, row in per_node.items():
-        devices, metrics = json.loads(row.device_ids), json.loads(row.metrics)
-        values = np.frombuffer(row[2], dtype="<f4").reshape(len(devices), len(metrics))
+        devices, metrics, values = _frame(row[2], row)
         finite = np.isfinite(values)
         for di, dev in enumerate(devices):
             out[dev] = {
