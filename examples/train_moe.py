@@ -42,6 +42,7 @@ from agents.sdk.memory.runner import MemoryOffload
 from agents.sdk.moe import ExpertParallelMoE, attach_counter, moe_blocks, sync_gradients
 from agents.sdk.placement import balancedness, rank_loads, rebalance
 from agents.sdk.reporter import Reporter
+from controlplane.balancing.placement import identity_placement
 from controlplane.wire import moeplane_pb2 as pb
 from controlplane.wire.arrays import encode_array
 
@@ -130,12 +131,14 @@ def parse_args(argv=None):
 
 
 def local_plan(counts: torch.Tensor, world: int, slots: int, epoch: int, step: int):
-    """The same greedy plan on every rank, from loads summed over the ranks."""
+    """The same greedy plan on every rank, from loads summed over the ranks.
+
+    Returns the plan, the summed loads ``[L, E]`` and the planned ``phy2log [L, G*S]``."""
     total = counts.clone()
     dist.all_reduce(total)
     phy2log = rebalance(total.numpy(), world, slots)
     return pb.PlacementPlan(job_id="", epoch=epoch, phy2log=encode_array(phy2log),
-                            slots_per_rank=slots, not_before_step=step + 1), total.numpy()
+                            slots_per_rank=slots, not_before_step=step + 1), total.numpy(), phy2log
 
 
 def main(argv=None) -> None:
@@ -145,8 +148,7 @@ def main(argv=None) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     args.slots_per_rank = args.slots_per_rank or math.ceil(args.experts / world) + 1
-    phy2log = np.stack([np.arange(world * args.slots_per_rank) % args.experts
-                        for _ in range(args.layers)])
+    phy2log = identity_placement(args.layers, args.experts, world * args.slots_per_rank)
     torch.manual_seed(args.seed)
     model = MoELM(args, phy2log)
     blocks = moe_blocks(model)
@@ -189,12 +191,12 @@ def main(argv=None) -> None:
         window += counter
         reporter.end_step(step, tokens=tokens)
         if args.rebalance_every and (step + 1) % args.rebalance_every == 0:
-            plan, loads = local_plan(window, world, args.slots_per_rank, applier.epoch + 1, step)
+            plan, loads, target = local_plan(window, world, args.slots_per_rank,
+                                             applier.epoch + 1, step)
             applier.submit(plan)
             if rank == 0:
                 before = balancedness(rank_loads(loads, applier.phy2log(), world))
-                after = balancedness(rank_loads(loads, rebalance(loads, world,
-                                                                 args.slots_per_rank), world))
+                after = balancedness(rank_loads(loads, target, world))
                 log.info("plan epoch %d: predicted balancedness %.3f -> %.3f", plan.epoch,
                          before, after)
             window.zero_()

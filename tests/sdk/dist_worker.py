@@ -25,6 +25,7 @@ from torch import nn
 from agents.sdk.applier import PlanApplier
 from agents.sdk.moe import ExpertParallelMoE, attach_counter, moe_blocks, sync_gradients
 from agents.sdk.placement import rebalance
+from controlplane.balancing.placement import identity_placement
 from controlplane.wire import moeplane_pb2 as pb
 from controlplane.wire.arrays import encode_array
 
@@ -157,7 +158,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
-    initial = np.stack([np.arange(world * SLOTS) % EXPERTS for _ in range(LAYERS)])
+    initial = identity_placement(LAYERS, EXPERTS, world * SLOTS)
     result = {"static": train(world, rank, initial, False), "moved": train(world, rank, initial, True)}
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
