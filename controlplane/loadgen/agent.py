@@ -23,7 +23,6 @@ from controlplane.wire import moeplane_pb2 as pb
 from controlplane.wire import moeplane_pb2_grpc as rpc
 
 DRAIN_S = 15.0
-STATES = {pb.PLAN_STATE_APPLIED: "applied"}
 
 
 class _Broken(Exception):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,6 @@ class LoadgenConfig:
     start_at: float | None = None
     seed: int = 0
     node_prefix: str = "lg"
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.targets:

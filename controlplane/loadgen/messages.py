@@ -10,6 +10,7 @@ import numpy as np
 
 from controlplane.loadgen.config import LoadgenConfig
 from controlplane.wire import moeplane_pb2 as pb
+from controlplane.wire.arrays import encode_array
 
 POOL = 8
 METRIC_PREFIX = "lg_metric_"
@@ -24,9 +25,7 @@ def count_pool(cfg: LoadgenConfig) -> list[pb.NDArray]:
     pool = []
     for _ in range(POOL):
         counts = np.stack([rng.multinomial(tokens, w) for w in weights]).astype(cfg.dtype)
-        pool.append(
-            pb.NDArray(dtype=cfg.dtype, shape=[cfg.layers, cfg.experts], data=counts.astype("<" + counts.dtype.str[1:]).tobytes())
-        )
+        pool.append(encode_array(counts))
     return pool
 
 
@@ -90,5 +89,5 @@ def samples(cfg: LoadgenConfig, n: int, ts: float, rng: np.random.Generator) -> 
     values = rng.random((cfg.ranks_per_node, cfg.metrics), dtype=np.float32)
     return pb.DeviceSamples(
         timestamp=ts, device_ids=device_ids(cfg, n), metrics=metric_names(cfg),
-        values=pb.NDArray(dtype="float32", shape=list(values.shape), data=values.astype("<f4").tobytes()),
+        values=encode_array(values),
     )
