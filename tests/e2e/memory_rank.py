@@ -14,41 +14,19 @@ import sys
 import time
 
 import torch
-from torch import nn
 
-from agents.sdk.memory.runner import MemoryOffload
 from agents.sdk.reporter import Reporter
 from controlplane.wire import moeplane_pb2 as pb
+from tests.sdk.memory_net import build
 
-NAMES = [f"layers.{i}" for i in range(4)]
 WIDTH, BATCH, STEP_S, MAX_STEPS = 128, 64, 0.02, 3000
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.inp = nn.Linear(8, WIDTH)
-        self.layers = nn.ModuleList(
-            nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU(), nn.Linear(WIDTH, WIDTH))
-            for _ in NAMES)
-        self.out = nn.Linear(WIDTH, 1)
-
-    def forward(self, x):
-        x = self.inp(x)
-        for layer in self.layers:
-            x = x + layer(x)
-        return self.out(x).square().mean()
 
 
 def main(socket_path: str, device_id: str, job_id: str) -> int:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    torch.manual_seed(0)
     torch.set_num_threads(1)
-    net = Net()
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    offload = MemoryOffload(net.layers, NAMES, model=net, optimizer=opt, micro_batch_size=BATCH,
-                            profile_interval_s=0.1)
+    net, opt, offload = build(WIDTH, BATCH, profile_interval_s=0.1)
     job = pb.JobSpec(job_id=job_id, layers=1, experts=2, top_k=1, world_size=1,
                      slots_per_rank=2, ranks_per_node=1)
     counter = torch.zeros(1, 2, dtype=torch.int64)

@@ -6,43 +6,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from agents.offload import check_profile
-from agents.sdk.memory.runner import MemoryOffload
 from agents.sdk.memory.swap import SwappedLayer
 from agents.sdk.reporter import Reporter
 from controlplane.wire import moeplane_pb2 as pb
+from tests.sdk.memory_net import NAMES, build
 from tests.sdk.test_reporter import JOB, serve
 
 pytestmark = pytest.mark.torch
-NAMES = [f"layers.{i}" for i in range(4)]
 WIDTH, BATCH = 64, 32
 
 
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.inp = nn.Linear(8, WIDTH)
-        self.layers = nn.ModuleList(
-            nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU(), nn.Linear(WIDTH, WIDTH))
-            for _ in NAMES)
-        self.out = nn.Linear(WIDTH, 1)
-
-    def forward(self, x):
-        x = self.inp(x)
-        for layer in self.layers:
-            x = x + layer(x)
-        return self.out(x).square().mean()
-
-
 def setup(**kw):
-    torch.manual_seed(0)
-    net = Net()
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    offload = MemoryOffload(net.layers, NAMES, model=net, optimizer=opt, micro_batch_size=BATCH,
-                            profile_interval_s=0.0, **kw)
-    return net, opt, offload
+    return build(WIDTH, BATCH, profile_interval_s=0.0, **kw)
 
 
 def train_step(reporter: Reporter, net, opt, step: int) -> None:
