@@ -86,16 +86,16 @@ class EmulatedAgent:
         call = rpc.IngestStub(self.channel_for(target)).Connect(requests())
         out.put_nowait(m.hello(self.cfg, self.n))
         reader = asyncio.create_task(self._read(call, out, window, configured))
+        config_seen = asyncio.create_task(configured.wait())
         try:
-            done, _ = await asyncio.wait(
-                [reader, asyncio.create_task(configured.wait())], return_when=asyncio.FIRST_COMPLETED
-            )
+            done, _ = await asyncio.wait([reader, config_seen], return_when=asyncio.FIRST_COMPLETED)
             if reader in done:
                 reader.result()
                 raise _Broken("stream ended before config")
             await self._send_schedule(out, window, reader)
             await self._drain(reader)
         finally:
+            config_seen.cancel()
             out.put_nowait(None)
             if not reader.done():
                 call.cancel()
