@@ -22,11 +22,12 @@ from agents.sdk.memory.meter import SavedTensorMeter, cuda_peak_bytes
 from agents.sdk.memory.optimizer import OptimizerStateOffload
 from agents.sdk.memory.recompute import RecomputedLayer
 from agents.sdk.memory.swap import SwappedLayer
+from agents.sdk.memory.wire import KINDS
+from controlplane.memory.types import ActionKind
 
-OFFLOAD_OPTIMIZER = "offload_optimizer"
-SWAP_ACTIVATIONS = "swap_activations"
-RECOMPUTE = "recompute"
-KINDS = (OFFLOAD_OPTIMIZER, SWAP_ACTIVATIONS, RECOMPUTE)
+OFFLOAD_OPTIMIZER = ActionKind.OFFLOAD_OPTIMIZER.value
+SWAP_ACTIVATIONS = ActionKind.SWAP_ACTIVATIONS.value
+RECOMPUTE = ActionKind.RECOMPUTE.value
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ Its next ``MemoryProfile.applied_actions`` are ``applied_names(decision)``.
 
 from __future__ import annotations
 
+from controlplane.memory.types import ActionKind
 from controlplane.wire import moeplane_pb2 as pb
 
-KINDS = ("offload_optimizer", "swap_activations", "recompute")
+KINDS = tuple(kind.value for kind in ActionKind)  # in the order the engine defines them
 APPLICABLE = ("apply", "relax", "keep")
 
 
