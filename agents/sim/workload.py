@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from controlplane.balancing import placement
+
 
 @dataclass(frozen=True)
 class WorkloadSpec:
@@ -137,8 +139,7 @@ def identity_phy2log(layers: int, experts: int, world_size: int) -> tuple[np.nda
     if min(layers, experts, world_size) < 1:
         raise ValueError("layers, experts and world_size must be >= 1")
     slots = -(-experts // world_size)
-    row = np.arange(world_size * slots, dtype=np.int64) % experts
-    return np.tile(row, (layers, 1)), slots
+    return placement.identity_placement(layers, experts, world_size * slots), slots
 
 
 def gpu_loads(loads: np.ndarray, phy2log: np.ndarray, world_size: int) -> np.ndarray:
@@ -154,21 +155,15 @@ def gpu_loads(loads: np.ndarray, phy2log: np.ndarray, world_size: int) -> np.nda
                          f"and world_size {world_size}")
     if phy2log.min() < 0 or phy2log.max() >= E:
         raise ValueError(f"phy2log holds expert ids outside [0, {E})")
-    replicas = np.zeros((L, E))
-    np.add.at(replicas, (np.arange(L)[:, None], phy2log), 1.0)
-    if (replicas == 0).any():
+    if (placement.replica_counts(phy2log, E) == 0).any():
         raise ValueError("phy2log leaves some logical expert without a slot")
-    per_slot = np.take_along_axis(loads / replicas, phy2log, axis=1)  # [L, G*S]
-    return per_slot.reshape(L, world_size, -1).sum(axis=2)
+    return placement.gpu_loads(loads, phy2log, world_size)
 
 
 def balancedness(per_gpu: np.ndarray) -> float:
-    """Mean over layers of max GPU load / mean GPU load; per_gpu [L, G]. 1.0 is perfect."""
-    mean = per_gpu.mean(axis=1)
-    ok = mean > 0
-    if not ok.any():
-        return 1.0
-    return float((per_gpu.max(axis=1)[ok] / mean[ok]).mean())
+    """Mean over layers of max GPU load / mean GPU load; per_gpu [L, G]. 1.0 is perfect (also
+    for a layer with no load)."""
+    return float(placement.layer_balancedness(per_gpu).mean())
 
 
 def step_time_s(base_step_time_s: float, balance: float, moe_fraction: float = 0.5) -> float:
