@@ -54,9 +54,7 @@ class Spool:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(_SCHEMA)
-        self.count, self.bytes = self.db.execute(
-            "SELECT count(*), coalesce(sum(length(payload)), 0) FROM messages"
-        ).fetchone()
+        self._recount()
 
     # ------------------------------------------------------------------ counters
 
@@ -110,16 +108,10 @@ class Spool:
             for _, payload in rows:
                 msg = pb.AgentMessage.FromString(payload)
                 msg.seq = new
-                body = msg.WhichOneof("body") or ""
-                self.db.execute(
-                    "INSERT INTO messages (seq, kind, priority, payload) VALUES (?, ?, ?, ?)",
-                    (new, body, PRIORITY.get(body, 1), msg.SerializeToString()),
-                )
+                self._insert(new, msg.WhichOneof("body") or "", msg.SerializeToString())
                 new += 1
             self._set_meta("next_seq", new)
-            self.count, self.bytes = self.db.execute(
-                "SELECT count(*), coalesce(sum(length(payload)), 0) FROM messages"
-            ).fetchone()
+            self._recount()
         log.warning("spool counter was behind the control plane (seq %d): renumbered %d "
                     "pending messages", seq, len(rows))
         return len(rows)
@@ -135,15 +127,23 @@ class Spool:
             seq = self.next_seq
             msg.seq = seq
             payload = msg.SerializeToString()
-            self.db.execute(
-                "INSERT INTO messages (seq, kind, priority, payload) VALUES (?, ?, ?, ?)",
-                (seq, body, PRIORITY.get(body, 1), payload),
-            )
+            self._insert(seq, body, payload)
             self._set_meta("next_seq", seq + 1)
             self.count += 1
             self.bytes += len(payload)
             self._enforce_bounds()
         return seq
+
+    def _insert(self, seq: int, body: str, payload: bytes) -> None:
+        self.db.execute(
+            "INSERT INTO messages (seq, kind, priority, payload) VALUES (?, ?, ?, ?)",
+            (seq, body, PRIORITY.get(body, 1), payload),
+        )
+
+    def _recount(self) -> None:
+        self.count, self.bytes = self.db.execute(
+            "SELECT count(*), coalesce(sum(length(payload)), 0) FROM messages"
+        ).fetchone()
 
     def _enforce_bounds(self) -> None:
         dropped_samples = dropped_other = 0
