@@ -16,24 +16,13 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from controlplane.balancing.placement import gpu_loads
 from controlplane.store import tables as t
 from controlplane.store import tiers
 from controlplane.store.history import Window, _header, _job, _mark, _split
 
 VIEWS = ("matrix", "layer", "expert", "ranks")
 AGGS = ("mean", "max", "p95")
-
-
-def rank_loads(counts: np.ndarray, phy2log: np.ndarray, world: int) -> np.ndarray:
-    """counts [L, E] tokens, phy2log [L, G*S] → [L, G] tokens handled by each rank per layer."""
-    counts = np.asarray(counts, dtype=np.float64)
-    layers, experts = counts.shape
-    if phy2log.shape[0] != layers or phy2log.shape[1] % world:
-        raise ValueError(f"phy2log: shape {phy2log.shape} does not fit {layers} layers x {world} ranks")
-    replicas = np.stack([np.bincount(row, minlength=experts) for row in phy2log])  # [L, E]
-    rows = np.arange(layers)[:, None]
-    per_slot = counts[rows, phy2log] / np.maximum(replicas[rows, phy2log], 1)
-    return per_slot.reshape(layers, world, -1).sum(axis=2)
 
 
 def placements(engine: Engine, job: dict) -> tuple[list[tuple[int, np.ndarray]], np.ndarray | None, int | None]:
@@ -154,5 +143,7 @@ def _ranks_of(counts, step, plan_steps, ident, world, layer) -> np.ndarray:
             phy2log = p
     if phy2log is None or phy2log.shape[0] != counts.shape[0]:
         raise ValueError("view: ranks needs a placement matching the loads' layers")
-    per_layer = rank_loads(counts, phy2log, world)
+    if phy2log.shape[1] % world:
+        raise ValueError(f"phy2log: shape {phy2log.shape} does not fit {counts.shape[0]} layers x {world} ranks")
+    per_layer = gpu_loads(counts, phy2log, world)
     return per_layer[layer] if layer is not None else per_layer.sum(axis=0)
