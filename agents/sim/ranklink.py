@@ -31,7 +31,9 @@ class RankLink:
         self.rank = hello.rank
         self.on_plan = on_plan
         self.queue: deque[pb.RankMessage] = deque(maxlen=max_queued)
-        self.ready = asyncio.Event()
+        self.ready = asyncio.Event()  # set: the queue gained a message
+        self.empty = asyncio.Event()  # set: everything queued was written
+        self.empty.set()
         self.dropped = 0
         self.rejected = 0
         self.attached = asyncio.Event()
@@ -45,14 +47,13 @@ class RankLink:
         if len(self.queue) == self.queue.maxlen:
             self.dropped += 1
         self.queue.append(msg)
+        self.empty.clear()
         self.ready.set()
 
     async def drain(self, timeout: float) -> bool:
         """Wait until everything queued was written (or ``timeout``); True when drained."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout
-        while self.queue and loop.time() < end:
-            await asyncio.sleep(0.02)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.empty.wait(), timeout)
         return not self.queue
 
     async def close(self) -> None:
@@ -90,6 +91,8 @@ class RankLink:
                 continue
             await call.write(self.queue[0])
             self.queue.popleft()
+            if not self.queue:
+                self.empty.set()
         reader.result()  # re-raise why the stream ended
 
     async def _read(self, call) -> None:
