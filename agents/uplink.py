@@ -2,10 +2,11 @@
 
 Per connection: a fresh Hello (its own seq), wait for Config, then send every spooled message
 in seq order (a window of at most ``window`` unacknowledged) while reading acks, plans and
-config. An ack (any code) removes the message from the spool; a non-zero code is logged and the
-message is never resent. Any other code (e.g. INTERNAL: the store failed) keeps the message
-and resends it after ``retry_after_s``. After a lost connection, every unacknowledged message is resent: the
-control plane deduplicates. Reconnects wait a jittered exponential backoff.
+config. An ack with a final code (``FINAL_CODES``: stored, or rejected for good) removes the
+message from the spool; a rejection is logged and the message is never resent. Any other code
+(e.g. INTERNAL: the store failed) keeps the message and resends it after ``retry_after_s``.
+After a lost connection, every unacknowledged message is resent: the control plane
+deduplicates. Reconnects wait a jittered exponential backoff.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from controlplane.wire import moeplane_pb2 as pb
 log = logging.getLogger(__name__)
 
 METHOD = "/moeplane.v1.Ingest/Connect"
-CODE_NAMES = {0: "OK", 3: "INVALID_ARGUMENT", 5: "NOT_FOUND", 7: "PERMISSION_DENIED",
-              13: "INTERNAL", 14: "UNAVAILABLE"}
+CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 FINAL_CODES = frozenset((0, 3, 5, 7))  # stored, or rejected for good; anything else: retry
 
 
@@ -183,7 +183,6 @@ class Uplink:
             log.warning("message seq %d rejected (%s): %s", ack.seq,
                         CODE_NAMES.get(ack.code, ack.code), ack.message)
         self.wakeup.set()
-
 
     def _retry_seq(self, seq: int) -> None:
         self._retry.add(seq)
