@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from controlplane.store import tables as t
-from controlplane.store.writes import dialect_insert
+from controlplane.store.writes import upsert
 
 
 def lock_key(job_id: str) -> int:
@@ -67,13 +67,8 @@ class Leadership:
                 sa.select(t.job_leases.c.term).where(t.job_leases.c.job_id == job_id).with_for_update()
             ).scalar()
             new = (term or 0) + 1
-            ins = dialect_insert(conn, t.job_leases)
-            values = {"term": new, "holder": self.holder, "acquired_at": self.clock()}
-            conn.execute(
-                ins.values(job_id=job_id, **values).on_conflict_do_update(
-                    index_elements=[t.job_leases.c.job_id], set_=values
-                )
-            )
+            upsert(conn, t.job_leases, {"job_id": job_id},
+                   {"term": new, "holder": self.holder, "acquired_at": self.clock()})
         return new
 
     def release(self, job_id: str) -> None:

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 
 from controlplane.store import offload as O
 from controlplane.store import tables as t
-from controlplane.store.writes import dialect_insert
+from controlplane.store.writes import upsert
 
 
 @dataclass(frozen=True)
@@ -60,16 +60,10 @@ def save_profiles(engine: Engine, node: NodeMemoryRecord, profiles: list[Profile
     overwrites newer data.
     """
     with engine.begin() as conn:
-        ins = dialect_insert(conn, t.node_memory)
-        values = {"step": node.step, "ts": node.ts, "host_free_bytes": node.host_free_bytes}
-        conn.execute(
-            ins.values(job_id=node.job_id, node_id=node.node_id, **values).on_conflict_do_update(
-                index_elements=[t.node_memory.c.job_id, t.node_memory.c.node_id], set_=values,
-                where=t.node_memory.c.step <= ins.excluded.step,
-            )
-        )
+        upsert(conn, t.node_memory, {"job_id": node.job_id, "node_id": node.node_id},
+               {"step": node.step, "ts": node.ts, "host_free_bytes": node.host_free_bytes},
+               newer=lambda new: t.node_memory.c.step <= new.step)
         for p in profiles:
-            ins = dialect_insert(conn, t.memory_profiles)
             values = {
                 "node_id": p.node_id, "rank": p.rank, "step": p.step, "ts": p.ts,
                 "capacity_bytes": p.capacity_bytes, "used_bytes": p.used_bytes,
@@ -80,12 +74,8 @@ def save_profiles(engine: Engine, node: NodeMemoryRecord, profiles: list[Profile
                 "applied_actions": ",".join(p.applied_actions),
                 "layers": json.dumps(list(p.layers), separators=(",", ":")),
             }
-            conn.execute(
-                ins.values(job_id=p.job_id, device_id=p.device_id, **values).on_conflict_do_update(
-                    index_elements=[t.memory_profiles.c.job_id, t.memory_profiles.c.device_id],
-                    set_=values, where=t.memory_profiles.c.step <= ins.excluded.step,
-                )
-            )
+            upsert(conn, t.memory_profiles, {"job_id": p.job_id, "device_id": p.device_id}, values,
+                   newer=lambda new: t.memory_profiles.c.step <= new.step)
 
 
 def _profile_dict(row) -> dict:

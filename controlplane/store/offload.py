@@ -22,7 +22,7 @@ from controlplane.store import tables as t
 from controlplane.store.lifecycle import check_term
 from controlplane.store.lifecycle import now as _now
 from controlplane.store.queries import NotFound
-from controlplane.store.writes import dialect_insert
+from controlplane.store.writes import upsert
 
 
 class OffloadStatus(StrEnum):
@@ -68,13 +68,7 @@ def set_policy(engine: Engine, job_id: str, changes: dict, clock=None) -> Offloa
     """Apply ``changes`` (a subset of OffloadPolicy's fields); ValueError names a bad one."""
     policy = get_policy(engine, job_id).updated(**changes)
     with engine.begin() as conn:
-        values = policy.to_dict() | {"updated_at": _now(clock)}
-        ins = dialect_insert(conn, t.offload_policies)
-        conn.execute(
-            ins.values(job_id=job_id, **values).on_conflict_do_update(
-                index_elements=[t.offload_policies.c.job_id], set_=values
-            )
-        )
+        upsert(conn, t.offload_policies, {"job_id": job_id}, policy.to_dict() | {"updated_at": _now(clock)})
     return policy
 
 

@@ -20,7 +20,7 @@ from controlplane.store import tables as t
 from controlplane.store.lifecycle import check_term
 from controlplane.store.lifecycle import now as _now
 from controlplane.store.queries import NotFound
-from controlplane.store.writes import dialect_insert
+from controlplane.store.writes import upsert
 
 
 class PlanStatus(StrEnum):
@@ -71,13 +71,8 @@ def set_policy(engine: Engine, job_id: str, changes: dict, clock=None) -> Rebala
     """Change some settings of a job's policy (``job_id`` "*": the cluster default)."""
     policy = get_policy(engine, job_id).updated(**changes)
     with engine.begin() as conn:
-        ins = dialect_insert(conn, t.job_policies)
-        values = {"mode": str(policy.mode), "settings": policy.to_json(), "updated_at": _now(clock)}
-        conn.execute(
-            ins.values(job_id=job_id, **values).on_conflict_do_update(
-                index_elements=[t.job_policies.c.job_id], set_=values
-            )
-        )
+        upsert(conn, t.job_policies, {"job_id": job_id},
+               {"mode": str(policy.mode), "settings": policy.to_json(), "updated_at": _now(clock)})
     return policy
 
 

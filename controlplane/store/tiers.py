@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from controlplane.store import tables as t
-from controlplane.store.writes import dialect_insert
+from controlplane.store.writes import dialect_insert, upsert
 
 TIERS = (60, 3600)
 KINDS = ("samples", "steps", "loads")
@@ -89,15 +89,21 @@ def combine_load_stats(stats: np.ndarray) -> np.ndarray:
     return np.stack([s[:, 0].sum(axis=0), s[:, 1].max(axis=0), s[:, 2].max(axis=0)])
 
 
+def empty_rank_stats(ranks: int) -> np.ndarray:
+    """Statistics of ``ranks`` ranks with no step rows: float64 [ranks, 8], counts and tokens 0."""
+    out = np.full((ranks, len(STEP_COLUMNS)), np.nan)
+    out[:, 0] = 0
+    out[:, 7] = 0
+    return out
+
+
 def rank_step_stats(rank: np.ndarray, step_time_s: np.ndarray, host_bound: np.ndarray,
                     tokens: np.ndarray, ranks: int) -> np.ndarray:
     """Per-rank statistics of step rows → float64 [ranks, 8] in ``STEP_COLUMNS`` order.
 
     rank [N] int, step_time_s [N] s, host_bound [N] ratio, tokens [N]; ranks G > max(rank).
     """
-    out = np.full((ranks, len(STEP_COLUMNS)), np.nan)
-    out[:, 0] = 0
-    out[:, 7] = 0
+    out = empty_rank_stats(ranks)
     rank = np.asarray(rank, dtype=np.int64)
     for g in np.unique(rank):
         sel = rank == g
@@ -142,12 +148,7 @@ def watermarks(engine: Engine) -> dict[tuple[str, int], float]:
 
 
 def _set_watermark(conn: Connection, kind: str, tier: int, until: float) -> None:
-    ins = dialect_insert(conn, t.rollup_state)
-    conn.execute(
-        ins.values(kind=kind, tier=tier, done_until=until).on_conflict_do_update(
-            index_elements=[t.rollup_state.c.kind, t.rollup_state.c.tier], set_={"done_until": until}
-        )
-    )
+    upsert(conn, t.rollup_state, {"kind": kind, "tier": tier}, {"done_until": until})
 
 
 def _upsert(conn: Connection, table: sa.Table, keys: list[str], rows: list[dict]) -> None:

@@ -39,6 +39,23 @@ def dialect_insert(conn: Connection, table: sa.Table):
     return insert(table)
 
 
+def upsert(
+    conn: Connection, table: sa.Table, key: dict, values: dict, *, insert_only: dict | None = None, newer=None
+) -> None:
+    """Insert ``key | values | insert_only``, or set ``values`` on the row with that primary ``key``.
+
+    ``newer(excluded)``: an optional SQL condition (given the proposed row) under which an
+    existing row is overwritten, e.g. only by a newer step.
+    """
+    ins = dialect_insert(conn, table)
+    conn.execute(
+        ins.values(**key, **values, **(insert_only or {})).on_conflict_do_update(
+            index_elements=[table.c[k] for k in key], set_=values,
+            where=None if newer is None else newer(ins.excluded),
+        )
+    )
+
+
 def layout_key(node_id: str, device_ids: Sequence[str], metrics: Sequence[str]) -> str:
     text = json.dumps([node_id, list(device_ids), list(metrics)])
     return hashlib.sha256(text.encode()).hexdigest()
@@ -61,50 +78,22 @@ class StoreWriter:
         with self.engine.begin() as conn:
             if hello.job_id:
                 self._upsert_job(conn, hello.job_id, hello.job, hello.ts)
-            ins = dialect_insert(conn, t.nodes)
-            conn.execute(
-                ins.values(
-                    node_id=hello.node_id,
-                    hostname=hello.hostname,
-                    agent_version=hello.agent_version,
-                    job_id=hello.job_id or None,
-                    ranks=_ranks_text(hello.ranks),
-                    first_seen=hello.ts,
-                    last_seen=hello.ts,
-                ).on_conflict_do_update(
-                    index_elements=[t.nodes.c.node_id],
-                    set_={
-                        "hostname": hello.hostname,
-                        "agent_version": hello.agent_version,
-                        "job_id": hello.job_id or None,
-                        "ranks": _ranks_text(hello.ranks),
-                        "last_seen": hello.ts,
-                    },
-                )
-            )
+            upsert(conn, t.nodes, {"node_id": hello.node_id}, {
+                "hostname": hello.hostname,
+                "agent_version": hello.agent_version,
+                "job_id": hello.job_id or None,
+                "ranks": _ranks_text(hello.ranks),
+                "last_seen": hello.ts,
+            }, insert_only={"first_seen": hello.ts})
             for dev in hello.devices:
-                ins = dialect_insert(conn, t.devices)
-                conn.execute(
-                    ins.values(
-                        device_id=dev.device_id,
-                        node_id=hello.node_id,
-                        idx=dev.index,
-                        kind=dev.kind,
-                        model=dev.model,
-                        memory_total_bytes=dev.memory_total_bytes,
-                        rank=dev.rank,
-                    ).on_conflict_do_update(
-                        index_elements=[t.devices.c.device_id],
-                        set_={
-                            "node_id": hello.node_id,
-                            "idx": dev.index,
-                            "kind": dev.kind,
-                            "model": dev.model,
-                            "memory_total_bytes": dev.memory_total_bytes,
-                            "rank": dev.rank,
-                        },
-                    )
-                )
+                upsert(conn, t.devices, {"device_id": dev.device_id}, {
+                    "node_id": hello.node_id,
+                    "idx": dev.index,
+                    "kind": dev.kind,
+                    "model": dev.model,
+                    "memory_total_bytes": dev.memory_total_bytes,
+                    "rank": dev.rank,
+                })
             max_seq = conn.execute(
                 sa.select(sa.func.max(t.received.c.seq)).where(t.received.c.node_id == hello.node_id)
             ).scalar()
