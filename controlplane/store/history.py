@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 from controlplane.retention import RetentionPolicy
 from controlplane.store import tables as t
 from controlplane.store import tiers
-from controlplane.store.queries import NotFound
+from controlplane.store.queries import NotFound, _job_row
 
 NICE_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
                 43200, 86400, 604800)
@@ -100,13 +100,6 @@ def _header(win: Window, split: int) -> dict:
             "next_start": win.next_start, "raw_from": split}
 
 
-def _job(conn: Connection, job_id: str):
-    row = conn.execute(sa.select(t.jobs).where(t.jobs.c.job_id == job_id)).mappings().first()
-    if row is None:
-        raise NotFound(f"job {job_id!r}")
-    return row
-
-
 # ---------------------------------------------------------------- device metrics
 
 
@@ -167,7 +160,7 @@ def step_stats(engine: Engine, job_id: str, win: Window, rank: int | None = None
     """
     s0, s1 = steps
     with engine.connect() as conn:
-        _job(conn, job_id)
+        _job_row(conn, job_id)
         split = _split(win, _mark(conn, "steps", win.source))
         per_bucket: dict[int, list[np.ndarray]] = defaultdict(list)
         if split > win.start:
@@ -199,7 +192,7 @@ def step_stats(engine: Engine, job_id: str, win: Window, rank: int | None = None
     for b in sorted(set(per_bucket) | set(raw)):
         if b in per_bucket:
             width = max(x.shape[0] for x in per_bucket[b])
-            padded = [np.vstack([x, _empty_ranks(width - x.shape[0])]) for x in per_bucket[b]]
+            padded = [np.vstack([x, tiers.empty_rank_stats(width - x.shape[0])]) for x in per_bucket[b]]
             stats = tiers.combine_rank_stats(np.stack(padded))
         else:
             arr = np.array(raw[b], dtype=np.float64)
@@ -210,13 +203,6 @@ def step_stats(engine: Engine, job_id: str, win: Window, rank: int | None = None
             row = dict(zip(tiers.STEP_COLUMNS, (float(v) for v in stats[g]), strict=True))
             items.append({"start": b, "rank": g} | row | {"count": int(row["count"]), "tokens": int(row["tokens"])})
     return _header(win, split) | {"job_id": job_id, "items": items}
-
-
-def _empty_ranks(n: int) -> np.ndarray:
-    out = np.full((n, len(tiers.STEP_COLUMNS)), np.nan)
-    out[:, 0] = 0
-    out[:, 7] = 0
-    return out
 
 
 def steps_to_time(engine: Engine, job_id: str, step_start: int | None, step_end: int | None) -> tuple[float, float] | None:
