@@ -73,7 +73,7 @@ class Retention:
                 done[f"rollup_{kind}_{tier}"] = tiers.rollup(self.engine, kind, tier, now - self.policy.lag_s)
         marks = tiers.watermarks(self.engine)
         with self.engine.begin() as conn:
-            for kind, table in (("samples", t.sample_frames), ("steps", t.step_stats), ("loads", t.expert_loads)):
+            for kind, table in tiers.RAW_TABLES.items():
                 safe = min(marks.get((kind, tier), 0.0) for tier in tiers.TIERS)
                 cut = min(now - self.policy.raw_window(kind), safe)
                 if kind == "loads":

@@ -166,7 +166,8 @@ def _upsert(conn: Connection, table: sa.Table, keys: list[str], rows: list[dict]
 
 # ---------------------------------------------------------------- rollups
 
-_RAW = {"samples": t.sample_frames, "steps": t.step_stats, "loads": t.expert_loads}
+# the raw table each kind rolls up from (and retention deletes from)
+RAW_TABLES = {"samples": t.sample_frames, "steps": t.step_stats, "loads": t.expert_loads}
 
 
 def rollup(engine: Engine, kind: str, tier: int, until: float, chunk_s: float = 3600.0) -> int:
@@ -180,7 +181,7 @@ def rollup(engine: Engine, kind: str, tier: int, until: float, chunk_s: float = 
     if tier not in TIERS:
         raise ValueError(f"tier: one of {TIERS}, got {tier}")
     end = math.floor(until / tier) * tier
-    raw = _RAW[kind]
+    raw = RAW_TABLES[kind]
     with engine.connect() as conn:
         start = watermark(conn, kind, tier)
         if start is None:
