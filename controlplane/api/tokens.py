@@ -49,7 +49,7 @@ async def list_tokens(request: Request) -> list[dict]:
 async def create_token(body: TokenRequest, request: Request) -> dict:
     store = _store(request)
     made = await asyncio.to_thread(store.create, body.role, name=body.name, node_id=body.node_id)
-    info = next(r for r in await asyncio.to_thread(store.list) if r["id"] == made.principal.token_id)
+    info = await asyncio.to_thread(store.get, made.principal.token_id)
     return info | {"secret": made.secret}
 
 
@@ -57,4 +57,4 @@ async def create_token(body: TokenRequest, request: Request) -> dict:
 async def revoke_token(token_id: Annotated[int, Path(ge=1, le=2**31 - 1)], request: Request) -> dict:
     store = _store(request)
     await asyncio.to_thread(store.revoke, token_id)
-    return next(r for r in await asyncio.to_thread(store.list) if r["id"] == token_id)
+    return await asyncio.to_thread(store.get, token_id)

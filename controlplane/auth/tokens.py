@@ -21,6 +21,7 @@ from controlplane.store import tables as t
 from controlplane.store.queries import NotFound
 
 PREFIX = "mp_"
+_INFO = sa.select(*[c for c in t.api_tokens.c if c.name != "token_hash"])  # a token without its hash
 
 
 class Role(StrEnum):
@@ -101,9 +102,16 @@ class TokenStore:
 
     def list(self) -> list[dict]:
         """Every token without its hash: id, name, role, node_id, created_at, revoked_at."""
-        cols = [c for c in t.api_tokens.c if c.name != "token_hash"]
         with self.engine.connect() as conn:
-            return [dict(r) for r in conn.execute(sa.select(*cols).order_by(t.api_tokens.c.id)).mappings()]
+            return [dict(r) for r in conn.execute(_INFO.order_by(t.api_tokens.c.id)).mappings()]
+
+    def get(self, token_id: int) -> dict:
+        """One token as :meth:`list` shows it; NotFound when unknown."""
+        with self.engine.connect() as conn:
+            row = conn.execute(_INFO.where(t.api_tokens.c.id == token_id)).mappings().first()
+        if row is None:
+            raise NotFound(f"token {token_id}")
+        return dict(row)
 
     def authenticate(self, secret: str | None) -> Principal | None:
         """The principal of a live token, or None (missing, unknown or revoked). Reads the store."""
