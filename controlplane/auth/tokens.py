@@ -75,11 +75,12 @@ class TokenStore:
             raise ValueError(f"node_id: only node tokens name a node (role is {role})")
         if len(name) > 128 or (node_id and len(node_id) > 128):
             raise ValueError("name: at most 128 characters")
+        name = name or (f"node {node_id}" if node_id else str(role))
         secret = PREFIX + secrets.token_urlsafe(32)
         with self.engine.begin() as conn:
             tid = conn.execute(
                 sa.insert(t.api_tokens)
-                .values(name=name or (f"node {node_id}" if node_id else str(role)), role=str(role),
+                .values(name=name, role=str(role),
                         node_id=node_id, token_hash=hash_token(secret), created_at=self.clock())
                 .returning(t.api_tokens.c.id)
             ).scalar_one()
