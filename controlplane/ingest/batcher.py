@@ -29,7 +29,6 @@ class Batcher:
         max_pending_bytes: array bytes (loads counts, sample values) admitted but not yet
             committed; ``admit`` waits while over it, so a slow store stops the streams'
             reads and gRPC flow control slows the agents instead of memory growing.
-        on_commit: called (in the loop) with the committed, non-duplicate records.
     """
 
     def __init__(
@@ -39,7 +38,6 @@ class Batcher:
         max_batch: int = 512,
         linger_s: float = 0.02,
         max_pending_bytes: int = 64 << 20,
-        on_commit: Callable[[list[SequencedRecord]], None] | None = None,
     ):
         self._write = write
         self._max_batch = max_batch
@@ -52,7 +50,6 @@ class Batcher:
         self._max_pending_bytes = max_pending_bytes
         self.pending_bytes = 0
         self._waiters: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
-        self._on_commit = on_commit
         self._queue: asyncio.Queue[tuple[SequencedRecord, asyncio.Future]] = asyncio.Queue()
         self._task: asyncio.Task | None = None
         self.committed = 0
@@ -138,17 +135,13 @@ class Batcher:
             except Exception:  # noqa: BLE001 - isolate the bad record: retry one by one
                 log.exception("store write failed for a batch of %d records; retrying singly", len(batch))
                 dup = await self._write_singly(batch)
-            ok = [(item, d) for item, d in zip(batch, dup, strict=True) if d is not None]
-            batch = [item for item, _ in ok]
-            records = [r for r, _ in batch]
-            dup = [d for _, d in ok]
-            self.committed += sum(not d for d in dup)
-            self.duplicates += sum(dup)
             for (_, fut), d in zip(batch, dup, strict=True):
+                if d is None:  # failed alone: its future already holds the error
+                    continue
+                self.committed += not d
+                self.duplicates += d
                 if not fut.done():
                     fut.set_result(d)
-            if self._on_commit is not None:
-                self._on_commit([r for r, d in zip(records, dup, strict=True) if not d])
 
 
 def record_bytes(record: SequencedRecord) -> int:

@@ -173,12 +173,6 @@ def device_history(engine: Engine, device_id: str, metric: str | None, rng: Rang
     return out[: rng.limit]
 
 
-def metric_names(engine: Engine) -> list[str]:
-    with engine.connect() as conn:
-        rows = conn.execute(sa.select(t.sample_layouts.c.metrics)).scalars().all()
-    return sorted({m for r in rows for m in json.loads(r)})
-
-
 def sample_count(engine: Engine) -> int:
     """Measured (non-NaN) raw samples stored; decodes every frame (tests and benchmarks)."""
     total = 0
