@@ -111,21 +111,30 @@ async def serve(
     grpc_port = add_grpc_port(grpc_server, settings.grpc_listen, tls)
     await grpc_server.start()
 
-    controller = Controller(
-        engine, bus, Leadership(engine, holder=f"{socket.gethostname()}:{os.getpid()}"),
-        interval_s=settings.controller_interval_s,
+    holder = f"{socket.gethostname()}:{os.getpid()}"
+    controller, offload_controller = (
+        cls(engine, bus, Leadership(engine, holder=holder), interval_s=settings.controller_interval_s)
+        for cls in (Controller, OffloadController)
     )
-    controller_task = asyncio.create_task(controller.run(stop), name="controller")
-    offload_controller = OffloadController(
-        engine, bus, Leadership(engine, holder=f"{socket.gethostname()}:{os.getpid()}"),
-        interval_s=settings.controller_interval_s,
-    )
-    offload_task = asyncio.create_task(offload_controller.run(stop), name="offload-controller")
     retention = Retention(engine, policy)
-    retention_task = asyncio.create_task(
-        retention.run(stop, settings.retention_interval_s) if settings.retention_interval_s > 0 else stop.wait(),
-        name="retention",
-    )
+    background = [  # each ends once ``stop`` is set
+        asyncio.create_task(controller.run(stop), name="controller"),
+        asyncio.create_task(offload_controller.run(stop), name="offload-controller"),
+        asyncio.create_task(
+            retention.run(stop, settings.retention_interval_s) if settings.retention_interval_s > 0
+            else stop.wait(),
+            name="retention",
+        ),
+    ]
+
+    async def shutdown() -> None:
+        stop.set()
+        await grpc_server.stop(grace=2)
+        await asyncio.gather(*background)
+        await batcher.stop()
+        await bus.close()
+        engine.dispose()
+
     api = create_api(engine, ingest=ingest, batcher=batcher, bus=bus, bus_name=bus.name, controller=controller,
                      offload_controller=offload_controller, tokens=tokens, retention=retention,
                      retention_policy=policy)
@@ -139,12 +148,8 @@ async def serve(
     http_task = asyncio.create_task(http.serve())
     while not http.started and not http_task.done():
         await asyncio.sleep(0.02)
-    if http_task.done():
-        stop.set()
-        await controller_task
-        await offload_task
-        await retention_task
-        await grpc_server.stop(0)
+    if http_task.done():  # the HTTP port could not be bound
+        await shutdown()
         return 1
     grpc_host = settings.grpc_listen.rsplit(":", 1)[0]
     http_port = http.servers[0].sockets[0].getsockname()[1]
@@ -167,15 +172,9 @@ async def serve(
     stop_task = asyncio.create_task(stop.wait())
     await asyncio.wait([http_task, stop_task], return_when=asyncio.FIRST_COMPLETED)
     http.should_exit = True
-    await grpc_server.stop(grace=2)
     await http_task
     stop_task.cancel()
-    await controller_task
-    await offload_task
-    await retention_task
-    await batcher.stop()
-    await bus.close()
-    engine.dispose()
+    await shutdown()
     return 0
 
 
