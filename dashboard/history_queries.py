@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from controlplane.store import tables as t
-from controlplane.store.queries import Range, _frame
+from controlplane.store.queries import Range, frame_device_values
 
 DEFAULT_MAX_AGE_S = 120.0
 
@@ -53,14 +53,7 @@ def device_values_at(
                 per_node[row.node_id] = row
     out: dict[str, dict] = {}
     for node_id, row in per_node.items():
-        devices, metrics, values = _frame(row[2], row)
-        finite = np.isfinite(values)
-        for di, dev in enumerate(devices):
-            out[dev] = {
-                "node_id": node_id,
-                "ts": row.ts,
-                "metrics": {m: float(values[di, mi]) for mi, m in enumerate(metrics) if finite[di, mi]},
-            }
+        out.update(frame_device_values(node_id, row.ts, row[2], row))
     return out
 
 

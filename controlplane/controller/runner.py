@@ -16,7 +16,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from controlplane.balancing import balancedness
+from controlplane.balancing import balancedness, identity_placement
 from controlplane.controller.decide import Action, decide
 from controlplane.controller.leader import Leadership
 from controlplane.controller.loop import ReconcileLoop
@@ -55,7 +55,7 @@ def geometry(engine: Engine, job: dict) -> tuple[int, int, int] | None:
 
 def identity(layers: int, experts: int, world: int, slots: int) -> np.ndarray:
     """The placement a job starts with: slot i holds expert i % E. int64 [L, G*S]."""
-    return np.tile(np.arange(world * slots, dtype=np.int64) % experts, (layers, 1))
+    return identity_placement(layers, experts, world * slots)
 
 
 def plan_message(plan: dict, not_before_step: int) -> bytes:

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 from controlplane.retention import RetentionPolicy
 from controlplane.store import tables as t
 from controlplane.store import tiers
-from controlplane.store.queries import NotFound, _job_row
+from controlplane.store.queries import NotFound, job_row
 
 NICE_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
                 43200, 86400, 604800)
@@ -160,7 +160,7 @@ def step_stats(engine: Engine, job_id: str, win: Window, rank: int | None = None
     """
     s0, s1 = steps
     with engine.connect() as conn:
-        _job_row(conn, job_id)
+        job_row(conn, job_id)
         split = _split(win, _mark(conn, "steps", win.source))
         per_bucket: dict[int, list[np.ndarray]] = defaultdict(list)
         if split > win.start:

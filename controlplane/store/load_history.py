@@ -20,7 +20,7 @@ from controlplane.balancing.placement import gpu_loads
 from controlplane.store import tables as t
 from controlplane.store import tiers
 from controlplane.store.history import Window, _header, _mark, _split
-from controlplane.store.queries import _job_row
+from controlplane.store.queries import job_row
 
 VIEWS = ("matrix", "layer", "expert", "ranks")
 AGGS = ("mean", "max", "p95")
@@ -79,7 +79,7 @@ def load_history(engine: Engine, job_id: str, win: Window, *, view: str = "matri
         raise ValueError("expert: required for view=expert")
     s0, s1 = steps
     with engine.connect() as conn:
-        job = dict(_job_row(conn, job_id))
+        job = dict(job_row(conn, job_id))
         if layer is not None and job["layers"] is not None and not 0 <= layer < job["layers"]:
             raise ValueError(f"layer: must be in 0..{job['layers'] - 1}, got {layer}")
         if expert is not None and job["experts"] is not None and not 0 <= expert < job["experts"]:

@@ -45,7 +45,7 @@ class Range:
             raise ValueError("step_end: must not be before step_start")
 
 
-def _job_row(conn, job_id: str):
+def job_row(conn, job_id: str):
     row = conn.execute(sa.select(t.jobs).where(t.jobs.c.job_id == job_id)).mappings().first()
     if row is None:
         raise NotFound(f"job {job_id!r}")
@@ -67,7 +67,7 @@ def list_jobs(engine: Engine) -> list[dict]:
 
 def get_job(engine: Engine, job_id: str) -> dict:
     with engine.connect() as conn:
-        row = _job_row(conn, job_id)
+        row = job_row(conn, job_id)
         latest = conn.execute(
             sa.select(sa.func.max(t.expert_loads.c.step)).where(t.expert_loads.c.job_id == job_id)
         ).scalar()
@@ -107,10 +107,25 @@ def list_devices(engine: Engine, node_id: str | None = None, job_id: str | None 
         return [dict(r) for r in conn.execute(q).mappings().all()]
 
 
-def _frame(values: bytes, layout) -> tuple[list[str], list[str], np.ndarray]:
+def decode_frame(values: bytes, layout) -> tuple[list[str], list[str], np.ndarray]:
+    """A raw frame's device ids [D], metric names [M] and values float32 [D, M] (NaN: none)."""
     devices = json.loads(layout.device_ids)
     metrics = json.loads(layout.metrics)
     return devices, metrics, np.frombuffer(values, dtype="<f4").reshape(len(devices), len(metrics))
+
+
+def frame_device_values(node_id: str, ts: float, values: bytes, layout) -> dict[str, dict]:
+    """{device_id: {"node_id", "ts", "metrics": {name: value}}} of one frame, measured values only."""
+    devices, metrics, arr = decode_frame(values, layout)
+    finite = np.isfinite(arr)
+    return {
+        dev: {
+            "node_id": node_id,
+            "ts": ts,
+            "metrics": {m: float(arr[di, mi]) for mi, m in enumerate(metrics) if finite[di, mi]},
+        }
+        for di, dev in enumerate(devices)
+    }
 
 
 def latest_device_values(engine: Engine, job_id: str | None = None) -> dict[str, dict]:
@@ -124,14 +139,7 @@ def latest_device_values(engine: Engine, job_id: str | None = None) -> dict[str,
     out: dict[str, dict] = {}
     with engine.connect() as conn:
         for row in conn.execute(q):
-            devices, metrics, values = _frame(row[2], row)
-            finite = np.isfinite(values)
-            for di, dev in enumerate(devices):
-                out[dev] = {
-                    "node_id": row.node_id,
-                    "ts": row.ts,
-                    "metrics": {m: float(values[di, mi]) for mi, m in enumerate(metrics) if finite[di, mi]},
-                }
+            out.update(frame_device_values(row.node_id, row.ts, row[2], row))
     return out
 
 
@@ -189,7 +197,7 @@ def _decode_counts(row) -> np.ndarray:
 def latest_loads(engine: Engine, job_id: str) -> dict | None:
     """The newest global load matrix of a job: {"step", "ts", "nodes_reported", "counts" [L, E]}."""
     with engine.connect() as conn:
-        _job_row(conn, job_id)
+        job_row(conn, job_id)
         row = conn.execute(
             sa.select(t.expert_loads)
             .where(t.expert_loads.c.job_id == job_id)
@@ -204,7 +212,7 @@ def latest_loads(engine: Engine, job_id: str) -> dict | None:
 def loads_history(engine: Engine, job_id: str, rng: Range, layer: int | None = None) -> list[dict]:
     """Global loads per step, oldest first; ``counts`` [L, E] (or [E] for one ``layer``)."""
     with engine.connect() as conn:
-        job = _job_row(conn, job_id)
+        job = job_row(conn, job_id)
         if layer is not None and job["layers"] is not None and not 0 <= layer < job["layers"]:
             raise ValueError(f"layer: must be in 0..{job['layers'] - 1}, got {layer}")
         q = (
@@ -231,7 +239,7 @@ def loads_history(engine: Engine, job_id: str, rng: Range, layer: int | None = N
 
 def step_stats_history(engine: Engine, job_id: str, rng: Range, rank: int | None = None) -> list[dict]:
     with engine.connect() as conn:
-        _job_row(conn, job_id)
+        job_row(conn, job_id)
         q = (
             sa.select(t.step_stats)
             .where(t.step_stats.c.job_id == job_id)
