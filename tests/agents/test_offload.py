@@ -131,18 +131,18 @@ def test_the_agent_process_carries_profiles_decisions_and_reports(tmp_path):
                 r.step(step, np.ones((2, 4), np.int64), profile(used=(10 + step) * GIB))
         ingest.wait_for(lambda s: any(d.device_id == "node-0/cpu1" and d.kind == "rank"
                                       for h in s.hellos for d in h.devices))
-        # a message carries the ranks whose profile changed since the last one (at most one
-        # message per interval), so step 2 of both ranks may come in one message or in two
+        # a message carries the latest profile of each rank that sent one since the last
+        # message (at most one message per interval), so the ranks' step-2 profiles (used
+        # 12 GiB) may arrive in one message or in two
         def latest_profiles(s):
             msgs = stored(s, "memory")
-            latest = {d.device_id: (m.step, d) for m in msgs for d in m.devices}
-            done = {k: d for k, (step, d) in latest.items() if step == 2}
-            return (msgs, done) if len(done) == 2 else None
+            latest = {d.device_id: d for m in msgs for d in m.devices}
+            done = len(latest) == 2 and all(d.used_bytes == 12 * GIB for d in latest.values())
+            return (msgs, latest) if done else None
 
-        msgs, done = ingest.wait_for(latest_profiles)
-        assert {(d.device_id, d.rank) for d in done.values()} == {("node-0/gpu0", 0), ("node-0/cpu1", 1)}
+        msgs, latest = ingest.wait_for(latest_profiles)
+        assert {(d.device_id, d.rank) for d in latest.values()} == {("node-0/gpu0", 0), ("node-0/cpu1", 1)}
         assert all(m.job_id == "j1" and m.host_free_bytes > 0 for m in msgs)
-        assert done["node-0/gpu0"].used_bytes == 12 * GIB
         # a decision for each rank's device; a resend of the first is not forwarded again
         ingest.send_control(pb.ControlMessage(offload=decision(5, "node-0/cpu1", rank=1)))
         ingest.send_control(pb.ControlMessage(offload=decision(5, "node-0/cpu1", rank=1)))
