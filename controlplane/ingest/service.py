@@ -22,8 +22,8 @@ import grpc
 
 from controlplane.auth.streams import IngestDenied, authenticate_stream, check_node
 from controlplane.auth.tokens import Principal, TokenStore
-from controlplane.controller.runner import plan_message
 from controlplane.ingest import memory as m
+from controlplane.ingest import planpush
 from controlplane.ingest import validate as v
 from controlplane.ingest.batcher import Batcher
 from controlplane.store import memory_profiles, offload, plans
@@ -81,18 +81,7 @@ class IngestService(rpc.IngestServicer):
         self.clock = clock
         self.tokens = tokens
         self.connected: dict[str, int] = {}  # node_id -> open streams
-        self._plan_cache: tuple[bytes, bytes] | None = None
-
-    def plan_control(self, payload: bytes) -> bytes:
-        """The serialized ControlMessage of a published plan, built once and shared by every
-        stream (a 1,024-rank plan is ~475 KB). ``payload`` is a serialized PlacementPlan; the
-        ControlMessage is its bytes behind the tag of field 3 (``plan``, length-delimited), so
-        nothing is parsed or re-serialized per stream (see ``add_ingest_to_server``)."""
-        cached = self._plan_cache
-        if cached is None or (cached[0] is not payload and cached[0] != payload):
-            cached = (payload, control_with_plan(payload))
-            self._plan_cache = cached
-        return cached[1]
+        self.plans = planpush.PlanCache()  # shared plan bytes (see planpush)
 
     async def Connect(self, request_iterator, context):  # noqa: N802 - gRPC method name
         principal = None
@@ -124,18 +113,6 @@ class IngestService(rpc.IngestServicer):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             await stream.close()
-
-
-def control_with_plan(plan: bytes) -> bytes:
-    """Serialized ``ControlMessage(plan=PlacementPlan)`` from the plan's serialized bytes:
-    field 3, wire type 2 (tag 0x1a), varint length, the bytes."""
-    n, length = len(plan), bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        length.append(byte | (0x80 if n else 0))
-        if not n:
-            break
-    return b"\x1a" + bytes(length) + plan
 
 
 def _serialize_control(msg: pb.ControlMessage | bytes) -> bytes:
@@ -179,6 +156,7 @@ class _Stream:
         self.in_flight = asyncio.Semaphore(svc.max_in_flight)
         self.follows: list[tuple[object, asyncio.Task]] = []  # bus subscriptions of the job
         self.principal: Principal | None = None  # None: open mode
+        self.plans = planpush.StreamPlans(svc.plans, out)
 
     def ack(self, seq: int, code: int = OK, message: str = "", duplicate: bool = False) -> None:
         self.out.put_nowait(pb.ControlMessage(ack=pb.Ack(seq=seq, code=code, message=message, duplicate=duplicate)))
@@ -233,7 +211,7 @@ class _Stream:
             )
         )
         if self.job_id:
-            await self.send_running_plan()
+            await self.plans.send_running(self.svc.writer.engine, self.job_id)
             await self.send_pushed_offload()
 
     async def _follow_job(self) -> None:
@@ -241,7 +219,7 @@ class _Stream:
         await self._unfollow()
         if not self.job_id:
             return
-        await self._follow(f"plans.{self.job_id}", self.svc.plan_control)
+        await self._follow(f"plans.{self.job_id}", self.plans.control)
         await self._follow(f"offload.{self.job_id}", self._offload_control)
 
     async def _follow(self, channel: str, control: Callable[[bytes], object | None]) -> None:
@@ -357,15 +335,6 @@ class _Stream:
         for decision in reversed(pushed):
             if decision["device_id"] in self.devices:
                 self.out.put_nowait(pb.ControlMessage(offload=m.decision_message(decision)))
-
-    async def send_running_plan(self) -> None:
-        """A (re)connecting agent gets the placement its job should run."""
-        plan = await asyncio.to_thread(
-            plans.latest_plan, self.svc.writer.engine, self.job_id,
-            (plans.PlanStatus.PUSHED, plans.PlanStatus.APPLIED),
-        )
-        if plan is not None:
-            self.out.put_nowait(control_with_plan(plan_message(plan, 0)))
 
     async def close(self) -> None:
         await self._unfollow()
