@@ -45,15 +45,31 @@ def upsert(
     """Insert ``key | values | insert_only``, or set ``values`` on the row with that primary ``key``.
 
     ``newer(excluded)``: an optional SQL condition (given the proposed row) under which an
-    existing row is overwritten, e.g. only by a newer step.
+    existing row is overwritten, e.g. only by a newer step; it must depend on nothing but its
+    argument (it is compiled once per call site, see ``bulk.run_compiled``).
     """
-    ins = dialect_insert(conn, table)
-    conn.execute(
-        ins.values(**key, **values, **(insert_only or {})).on_conflict_do_update(
-            index_elements=[table.c[k] for k in key], set_=values,
+    upsert_many(conn, table, list(key), [key | values | (insert_only or {})], list(values), newer=newer)
+
+
+def upsert_many(conn: Connection, table: sa.Table, key: Sequence[str], rows: Sequence[dict],
+                update: Sequence[str], *, newer=None) -> None:
+    """``upsert`` of many rows (dicts with the same columns) in one executemany: insert each, or
+    set its ``update`` columns on the existing row with that primary ``key``."""
+    if not rows:
+        return
+    cols = tuple(rows[0])
+    if newer is not None and (newer.__closure__ or newer.__defaults__):
+        raise ValueError("upsert: newer must not capture variables (it is compiled once)")
+
+    def build(c: Connection):
+        ins = dialect_insert(c, table)
+        return ins.values({col: sa.bindparam(col) for col in cols}).on_conflict_do_update(
+            index_elements=[table.c[k] for k in key], set_={col: ins.excluded[col] for col in update},
             where=None if newer is None else newer(ins.excluded),
         )
-    )
+
+    ck = ("upsert", table.name, tuple(key), cols, tuple(update), None if newer is None else newer.__code__)
+    bulk.run_compiled(conn, ck, build, rows if len(rows) > 1 else rows[0])
 
 
 def layout_key(node_id: str, device_ids: Sequence[str], metrics: Sequence[str]) -> str:
@@ -70,7 +86,7 @@ class StoreWriter:
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._layouts: dict[str, int] = {}
+        self._layouts: dict[tuple[str, tuple[str, ...], tuple[str, ...]], int] = {}
 
     # ------------------------------------------------------------------ registration
     def register_hello(self, hello: HelloRecord) -> int:
@@ -85,15 +101,12 @@ class StoreWriter:
                 "ranks": _ranks_text(hello.ranks),
                 "last_seen": hello.ts,
             }, insert_only={"first_seen": hello.ts})
-            for dev in hello.devices:
-                upsert(conn, t.devices, {"device_id": dev.device_id}, {
-                    "node_id": hello.node_id,
-                    "idx": dev.index,
-                    "kind": dev.kind,
-                    "model": dev.model,
-                    "memory_total_bytes": dev.memory_total_bytes,
-                    "rank": dev.rank,
-                })
+            device_cols = ("node_id", "idx", "kind", "model", "memory_total_bytes", "rank")
+            upsert_many(conn, t.devices, ("device_id",), [
+                {"device_id": dev.device_id, "node_id": hello.node_id, "idx": dev.index, "kind": dev.kind,
+                 "model": dev.model, "memory_total_bytes": dev.memory_total_bytes, "rank": dev.rank}
+                for dev in hello.devices
+            ], device_cols)
             max_seq = conn.execute(
                 sa.select(sa.func.max(t.received.c.seq)).where(t.received.c.node_id == hello.node_id)
             ).scalar()
@@ -107,11 +120,16 @@ class StoreWriter:
                 for k in ("layers", "experts", "top_k", "world_size", "slots_per_rank", "ranks_per_node")
                 if getattr(job, k)
             }
-        ins = dialect_insert(conn, t.jobs).values(job_id=job_id, created_at=ts, **spec)
         if spec:
-            conn.execute(ins.on_conflict_do_update(index_elements=[t.jobs.c.job_id], set_=spec))
-        else:
-            conn.execute(ins.on_conflict_do_nothing(index_elements=[t.jobs.c.job_id]))
+            upsert(conn, t.jobs, {"job_id": job_id}, spec, insert_only={"created_at": ts})
+            return
+        bulk.run_compiled(
+            conn, "job-if-new",
+            lambda c: dialect_insert(c, t.jobs)
+            .values(job_id=sa.bindparam("job_id"), created_at=sa.bindparam("created_at"))
+            .on_conflict_do_nothing(index_elements=[t.jobs.c.job_id]),
+            {"job_id": job_id, "created_at": ts},
+        )
 
     def set_job_shape(self, job_id: str, layers: int, experts: int) -> None:
         """Fix a job's [L, E] from its first loads when no hello declared it."""
@@ -131,20 +149,26 @@ class StoreWriter:
         return None if row is None else (row.layers, row.experts)
 
     def layout_id(self, node_id: str, device_ids: Sequence[str], metrics: Sequence[str]) -> int:
-        """Id of the (node, devices, metrics) layout of a sample frame; created when new."""
-        key = layout_key(node_id, device_ids, metrics)
-        cached = self._layouts.get(key)
+        """Id of the (node, devices, metrics) layout of a sample frame; created when new.
+
+        Cached by the tuples themselves (a dict lookup per frame; the sha256 key is only
+        computed for a layout this process has not seen)."""
+        cache_key = (node_id, tuple(device_ids), tuple(metrics))
+        cached = self._layouts.get(cache_key)
         if cached is not None:
             return cached
+        key = layout_key(node_id, device_ids, metrics)
         with self.engine.begin() as conn:
-            conn.execute(
-                dialect_insert(conn, t.sample_layouts)
-                .values(key=key, node_id=node_id, device_ids=json.dumps(list(device_ids)),
-                        metrics=json.dumps(list(metrics)))
-                .on_conflict_do_nothing(index_elements=[t.sample_layouts.c.key])
+            bulk.run_compiled(
+                conn, "layout-if-new",
+                lambda c: dialect_insert(c, t.sample_layouts)
+                .values({k: sa.bindparam(k) for k in ("key", "node_id", "device_ids", "metrics")})
+                .on_conflict_do_nothing(index_elements=[t.sample_layouts.c.key]),
+                {"key": key, "node_id": node_id, "device_ids": json.dumps(list(device_ids)),
+                 "metrics": json.dumps(list(metrics))},
             )
             lid = conn.execute(sa.select(t.sample_layouts.c.id).where(t.sample_layouts.c.key == key)).scalar_one()
-        self._layouts[key] = lid
+        self._layouts[cache_key] = lid
         return lid
 
     # ------------------------------------------------------------------ batched writes
@@ -212,15 +236,8 @@ class StoreWriter:
             cur = newest.get(r.node_id)
             if cur is None or r.ts >= cur[2]:
                 newest[r.node_id] = (r.node_id, layouts[id(r)], r.ts, b)
-        ins = dialect_insert(conn, t.node_latest)
-        conn.execute(
-            ins.on_conflict_do_update(
-                index_elements=[t.node_latest.c.node_id],
-                set_={"layout": ins.excluded.layout, "ts": ins.excluded.ts, "values": ins.excluded["values"]},
-                where=t.node_latest.c.ts <= ins.excluded.ts,
-            ),
-            [{"node_id": n, "layout": lay, "ts": ts, "values": b} for n, lay, ts, b in newest.values()],
-        )
+        bulk.upsert_rows(conn, t.node_latest, ("node_id", "layout", "ts", "values"), list(newest.values()),
+                         ("node_id",), newer_than="ts")
 
     def _add_global_loads(self, conn: Connection, loads: Sequence[LoadsRecord]) -> None:
         """Sum fresh node parts into the per-(job, step) global matrix, one row update per step."""
@@ -250,19 +267,10 @@ class StoreWriter:
                         )
                     )
                     break
-                ins = dialect_insert(conn, t.expert_loads)
-                done = conn.execute(
-                    ins.values(
-                        job_id=job_id,
-                        step=step,
-                        ts=ts,
-                        layers=total.shape[0],
-                        experts=total.shape[1],
-                        nodes_reported=len(parts),
-                        counts=total.astype("<i8").tobytes(),
-                    )
-                    .on_conflict_do_nothing(index_elements=[t.expert_loads.c.job_id, t.expert_loads.c.step])
-                    .returning(t.expert_loads.c.step)
+                done = bulk.run_compiled(
+                    conn, "step-loads-if-new", _new_step_loads,
+                    {"job_id": job_id, "step": step, "ts": ts, "layers": total.shape[0], "experts": total.shape[1],
+                     "nodes_reported": len(parts), "counts": total.astype("<i8").tobytes()},
                 ).first()
                 if done is not None:
                     break
@@ -280,6 +288,15 @@ class StoreWriter:
             ("job_id", "step", "rank", "node_id", "ts", "step_time_s", "host_bound_ratio", "tokens"),
             rows, ignore_conflicts_on=("job_id", "step", "rank"),
         )
+
+
+def _new_step_loads(conn: Connection):
+    cols = ("job_id", "step", "ts", "layers", "experts", "nodes_reported", "counts")
+    return (
+        dialect_insert(conn, t.expert_loads).values({c: sa.bindparam(c) for c in cols})
+        .on_conflict_do_nothing(index_elements=[t.expert_loads.c.job_id, t.expert_loads.c.step])
+        .returning(t.expert_loads.c.step)
+    )
 
 
 def rec_ts(rec: SequencedRecord) -> float:
