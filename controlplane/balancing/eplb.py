@@ -49,16 +49,22 @@ def pack_replicas(
     experts = np.take_along_axis(experts, order, axis=1)
     weight = np.take_along_axis(weight, order, axis=1)
 
-    rows = np.arange(num_layers)
-    gpu_load = np.zeros((num_layers, gpus))
-    fill = np.zeros((num_layers, gpus), dtype=np.int64)
-    phy2log = np.empty((num_layers, num_slots), dtype=np.int64)
+    # flat views, one update each per slot: ``avail`` is a GPU's load, or inf once full
+    avail = np.zeros(num_layers * gpus)
+    fill = np.zeros(num_layers * gpus, dtype=np.int64)
+    phy2log = np.empty(num_layers * num_slots, dtype=np.int64)
+    gpu_base = np.arange(num_layers) * gpus
+    slot_base = np.arange(num_layers) * num_slots
+    avail_2d = avail.reshape(num_layers, gpus)
     for k in range(num_slots):
-        masked = np.where(fill < slots_per_gpu, gpu_load, np.inf)
-        gpu = np.argmin(masked, axis=1)
-        phy2log[rows, gpu * slots_per_gpu + fill[rows, gpu]] = experts[:, k]
-        fill[rows, gpu] += 1
-        gpu_load[rows, gpu] += weight[:, k]
+        gpu = np.argmin(avail_2d, axis=1)  # lightest GPU with a free slot (lowest index)
+        at = gpu_base + gpu
+        f = fill[at]
+        phy2log[slot_base + gpu * slots_per_gpu + f] = experts[:, k]
+        fill[at] = f + 1
+        avail[at] += weight[:, k]
+        avail[at[f + 1 >= slots_per_gpu]] = np.inf
+    phy2log = phy2log.reshape(num_layers, num_slots)
     return phy2log
 
 

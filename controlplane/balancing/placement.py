@@ -24,6 +24,7 @@ __all__ = [
     "gpu_loads",
     "identity_placement",
     "layer_balancedness",
+    "match_gpus",
     "replica_counts",
     "take_rows",
 ]
@@ -99,3 +100,31 @@ def count_moves(
     before = gpu_expert_counts(reference, gpus, num_experts) > 0
     after = gpu_expert_counts(phy2log, gpus, num_experts) > 0
     return (after & ~before).sum(axis=(1, 2)).astype(np.int64)
+
+
+def match_gpus(reference: np.ndarray, phy2log: np.ndarray, gpus: int, num_experts: int) -> np.ndarray:
+    """``phy2log [L, G*S]`` with its GPUs renumbered to keep as many of ``reference
+    [L, G*S]``'s (GPU, expert) pairs as a greedy matching finds: int64 ``[L, G*S]``.
+
+    Renumbering whole GPUs leaves every GPU's load, hence the balance, unchanged; only the
+    moves against ``reference`` drop. Greedy: repeatedly pair the new GPU and the reference
+    GPU with the most experts in common (ties: lowest indices), per layer.
+    """
+    num_layers, num_slots = phy2log.shape
+    spg = num_slots // gpus
+    had = gpu_expert_counts(reference, gpus, num_experts) > 0  # [L, G, E]
+    has = gpu_expert_counts(phy2log, gpus, num_experts) > 0
+    common = np.einsum("lge,lhe->lgh", has.astype(np.int64), had.astype(np.int64))
+    out = np.empty_like(phy2log)
+    for lay in range(num_layers):
+        ov = common[lay].astype(np.float64)
+        target = np.empty(gpus, dtype=np.int64)
+        for _ in range(gpus):
+            g, h = divmod(int(np.argmax(ov)), gpus)
+            target[g] = h
+            ov[g, :] = -1.0
+            ov[:, h] = -1.0
+        blocks = np.empty((gpus, spg), dtype=phy2log.dtype)
+        blocks[target] = phy2log[lay].reshape(gpus, spg)
+        out[lay] = blocks.ravel()
+    return out

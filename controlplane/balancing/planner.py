@@ -7,8 +7,10 @@ Incremental (with ``current``): local search from ``current`` that takes, per la
 step with the most balance per move (each layer stops ``tolerance / 2`` above EPLB's greedy
 on the new loads). The visited states are then chosen across layers steepest balance-per-move
 first, until the mean balancedness is within ``tolerance`` of EPLB's greedy (``select_mean``)
-or, with ``max_moves``, until the budget is spent (``select_budget``). A layer that local
-moves leave more than ``reshuffle_above`` above EPLB's greedy takes EPLB's greedy.
+or, with ``max_moves``, until the budget is spent (``select_budget``). A layer that the
+selection leaves more than ``reshuffle_above`` above EPLB's greedy takes the most balanced
+state its search reached; if that too is above, EPLB's greedy with its GPUs renumbered to
+keep as many of the current (GPU, expert) pairs as possible (``match_gpus``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from controlplane.balancing.placement import (
     gpu_loads,
     identity_placement,
     layer_balancedness,
+    match_gpus,
     replica_counts,
 )
 from controlplane.balancing.search import local_search
@@ -106,8 +109,8 @@ def plan_placement(
     ``max_moves``: most moves in total (needs ``current``). ``tolerance``: an incremental
     plan stops once its mean balancedness is within this of EPLB's greedy on ``loads``.
     ``reshuffle_above``:
-    a layer that local moves leave more than this above EPLB's greedy takes that plan
-    (only without ``max_moves``). ``cross_node_weight``: extra cost of a cross-node move
+    a layer left more than this above EPLB's greedy takes its search's best state, or
+    if still above, EPLB's greedy with GPUs renumbered (only without ``max_moves``). ``cross_node_weight``: extra cost of a cross-node move
     when ranking steps (0: none). Pure and deterministic. Raises ValueError naming the
     argument on bad input.
     """
@@ -209,8 +212,19 @@ def _incremental(
         return traj.placement(steps[pick])
     pick = select_mean(layer, cost, bal, num_layers, float(fresh_bal.mean()) + tolerance)
     new = traj.placement(steps[pick])
-    stuck = bal[pick] > fresh_bal + reshuffle_above
+    limit = fresh_bal + reshuffle_above
+    stuck = bal[pick] > limit
     if stuck.any():
-        new[stuck] = fresh[stuck]
+        # a layer the selection left far above its fresh plan first takes the most balanced
+        # state its search reached (fewest moves among equals); only a layer that local
+        # steps cannot bring within the limit takes EPLB's greedy (a full reshuffle)
+        order = np.lexsort((cost, bal, layer))
+        first = np.searchsorted(layer[order], np.arange(num_layers))
+        best = order[first]
+        pick = np.where(stuck & (bal[best] <= limit), best, pick)
+        new = traj.placement(steps[pick])
+        stuck = bal[pick] > limit
+        if stuck.any():
+            new[stuck] = match_gpus(cur[stuck], fresh[stuck], gpus, w.shape[1])
     return new
 

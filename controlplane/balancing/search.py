@@ -23,6 +23,7 @@ from controlplane.balancing.steps import best_steps, extra_swaps
 __all__ = ["Trajectory", "local_search"]
 
 _PARTNER_SLOTS = 60  # slots on partner GPUs (the lightest) searched per round, about
+_FREE_PARTNER_SLOTS = 30  # the same for a fresh plan (free moves): fewer suffice
 _RECEIVE_SMOOTH = 2.0  # moves added to each GPU's count when weighing receipts
 
 
@@ -105,7 +106,8 @@ def local_search(
     slot_gpu = np.arange(num_slots) // spg
     costed = reference is not None
     heavy = _heavy_count(gpus, costed)
-    n_part = min(-(-_PARTNER_SLOTS // spg), gpus - heavy)  # partner GPUs: the lightest
+    part_slots = _PARTNER_SLOTS if costed else _FREE_PARTNER_SLOTS
+    n_part = min(-(-part_slots // spg), gpus - heavy)  # partner GPUs: the lightest
     # code = 2 * replicas + (GPU held the expert in the reference): 0 = gaining the expert
     # is a move, 2 = losing the only replica removes a move, anything else changes nothing.
     node_has = code = ref_has = None
@@ -192,25 +194,24 @@ def local_search(
         t_gpu = slot_gpu[np.concatenate([s1, s1, s2[two], s2[two]])]
         t_exp = np.concatenate([phy[layers, s1], e1, phy[layers[two], s2[two]], e2[two]])
         t_lay = layers[t_step]
+        key = (t_lay * gpus + t_gpu) * num_experts + t_exp  # flat [L, G, E] index
         if costed:
-            was_move = (cnt[t_lay, t_gpu, t_exp] > 0) & ~ref_has[t_lay, t_gpu, t_exp]
-        for slot, new in ((s1, e1), (s2, e2)):
-            sel = slot >= 0
-            lay, sl, ne = layers[sel], slot[sel], new[sel]
-            old = phy[lay, sl]
-            phy[lay, sl] = ne
-            g = slot_gpu[sl]
-            np.add.at(cnt, (lay, g, old), -1)
-            np.add.at(cnt, (lay, g, ne), 1)
-            if code is not None:
-                np.add.at(code, (lay, g, old), -2)
-                np.add.at(code, (lay, g, ne), 2)
-            np.add.at(rc, (lay, old), -1)
-            np.add.at(rc, (lay, ne), 1)
+            was_move = (cnt.ravel()[key] > 0) & ~ref_has.ravel()[key]
+        # apply: each (layer, GPU, expert) loses (-1) its old expert and gains (+1) the new
+        # one, in one batched update per array
+        sign = np.concatenate(
+            [-np.ones(len(idx), np.int64), np.ones(len(idx), np.int64),
+             -np.ones(len(two), np.int64), np.ones(len(two), np.int64)]
+        )
+        np.add.at(cnt.ravel(), key, sign.astype(cnt.dtype))
+        if code is not None:
+            np.add.at(code.ravel(), key, (2 * sign).astype(code.dtype))
+        np.add.at(rc.ravel(), t_lay * num_experts + t_exp, sign)
+        phy[layers, s1] = e1
+        phy[layers[two], s2[two]] = e2[two]
         step_moves = np.zeros(len(layers))
         if costed:
-            is_move = (cnt[t_lay, t_gpu, t_exp] > 0) & ~ref_has[t_lay, t_gpu, t_exp]
-            key = (t_lay * gpus + t_gpu) * num_experts + t_exp
+            is_move = (cnt.ravel()[key] > 0) & ~ref_has.ravel()[key]
             _, once = np.unique(key, return_index=True)  # a swap's keys may repeat
             change = (is_move.astype(float) - was_move)[once]
             step_moves = np.bincount(t_step[once], weights=change, minlength=len(layers))

@@ -18,23 +18,15 @@ import numpy as np
 __all__ = ["select_budget", "select_mean"]
 
 
-def _hull(cost: np.ndarray, bal: np.ndarray) -> list[int]:
-    """Indices of the lower-left convex hull of (cost, bal), from the cheapest best point."""
-    order = np.lexsort((np.arange(len(cost)), bal, cost))
-    front: list[int] = []
-    best = np.inf
-    for i in order:
-        if bal[i] < best:
-            front.append(int(i))
-            best = bal[i]
+def _hull(cost: list[float], bal: list[float]) -> list[int]:
+    """Lower convex hull of a Pareto front: ``cost`` increasing, ``bal`` decreasing.
+    Returns positions into the front, from its first (cheapest) point."""
     hull: list[int] = []
-    for i in front:
+    for i in range(len(cost)):
         while len(hull) >= 2:
             p, q = hull[-2], hull[-1]
             # drop q if it lies on or above the segment p -> i
-            lhs = (bal[q] - bal[p]) * (cost[i] - cost[p])
-            rhs = (bal[i] - bal[p]) * (cost[q] - cost[p])
-            if lhs >= rhs:
+            if (bal[q] - bal[p]) * (cost[i] - cost[p]) >= (bal[i] - bal[p]) * (cost[q] - cost[p]):
                 hull.pop()
             else:
                 break
@@ -46,16 +38,29 @@ def _segments(
     layer: np.ndarray, cost: np.ndarray, bal: np.ndarray, num_layers: int
 ) -> tuple[np.ndarray, list[tuple[float, int, int, float, int]]]:
     """Each layer's cheapest best point, and all hull segments, steepest first."""
+    # each layer's Pareto front (fewer moves, then lower balancedness, then earlier point),
+    # for all layers at once: shifting each layer's balancedness below the previous layer's
+    # makes one running minimum restart at every layer
+    order = np.lexsort((np.arange(len(cost)), bal, cost, layer))
+    lay_s = layer[order]
+    shift = 2.0 * (float(bal.max() - bal.min()) + 1.0)
+    key = bal[order] - lay_s * shift
+    prev_min = np.minimum.accumulate(np.concatenate([[np.inf], key[:-1]]))
+    front = order[key < prev_min]
+    f_layer = layer[front]
+    starts = np.searchsorted(f_layer, np.arange(num_layers + 1))
+    f_cost = cost[front].tolist()
+    f_bal = bal[front].tolist()
     chosen = np.empty(num_layers, dtype=np.int64)
     segments: list[tuple[float, int, int, float, int]] = []
     for lay in range(num_layers):
-        idx = np.nonzero(layer == lay)[0]
-        hull = [int(idx[k]) for k in _hull(cost[idx], bal[idx])]
-        chosen[lay] = hull[0]
+        lo, hi = int(starts[lay]), int(starts[lay + 1])
+        hull = [lo + k for k in _hull(f_cost[lo:hi], f_bal[lo:hi])]
+        chosen[lay] = front[hull[0]]
         for n, (p, q) in enumerate(zip(hull, hull[1:], strict=False)):
-            dcost = float(cost[q] - cost[p])
-            ratio = (bal[p] - bal[q]) / dcost
-            segments.append((-ratio, lay, n, dcost, q))
+            dcost = f_cost[q] - f_cost[p]
+            ratio = (f_bal[p] - f_bal[q]) / dcost
+            segments.append((-ratio, lay, n, dcost, int(front[q])))
     return chosen, sorted(segments)
 
 

@@ -14,8 +14,9 @@ the steps of a round touch disjoint GPUs.
 
 Each candidate's new load is computed exactly for swaps and bounded from above for re-points.
 With costs, a step's score is its gain toward the target level per move (a move whose weights
-must come from another node costs ``1 + cross_weight``); without, its drop of the layer's
-maximum.
+must come from another node costs ``1 + cross_weight``); a re-point elsewhere also counts the
+drop toward the level of the other GPUs holding the expert it replicates. Without costs, the
+score is the step's drop of the layer's maximum.
 
 Shapes: A active layers, N = G*S slots, S slots per GPU, M partner GPUs, J = M*S partner slots.
 """
@@ -34,11 +35,15 @@ _MIN_COST = 0.5  # a step that costs no move is scored as if it cost half a move
 
 def _pair_cost(code, node_has, node_of_gpu, cross_weight, gpu_weight, lid3, g, e):
     """(gaining e on g is a move, losing e from g removes a move), weighted for cross-node
-    and by ``gpu_weight [G]`` of g (None: 1)."""
-    c_ = code[lid3, g, e]
+    and by ``gpu_weight [G]`` of g (None: 1). ``lid3``: layer indices broadcastable
+    against ``g`` and ``e``; ``code [L, G, E]``, ``node_has [L, nodes, E]`` (or None)."""
+    _, gpus, num_experts = code.shape
+    c_ = code.ravel()[(lid3 * gpus + g) * num_experts + e]  # flat: no multi-index checks
     weight = 1.0 if gpu_weight is None else gpu_weight[g]
     if node_has is not None:
-        weight = weight * (1.0 + cross_weight * ~node_has[lid3, node_of_gpu[g], e])
+        nodes = node_has.shape[1]
+        held = node_has.ravel()[(lid3 * nodes + node_of_gpu[g]) * num_experts + e]
+        weight = weight * (1.0 + cross_weight * ~held)
     return (c_ == 0) * weight, (c_ == 2) * weight
 
 
@@ -99,16 +104,23 @@ def best_steps(
     dx_up = np.where(multi, per_minus - per, 0.0)  # [A, N] rise of each holder per replica
     dy_down = wy / cy - wy / (cy + 1)  # [A, S]
     per_plus = wy / (cy + 1)
-    n_slot_x = cnt[lid, slot_gpu[None, :], ph]  # [A, N] replicas of x on the slot's GPU
+    gpus, num_experts = cnt.shape[1], cnt.shape[2]
+    cflat = cnt.ravel()
+    lg_lid = lid * gpus
+
+    def count(g, e):  # cnt[layer, g, e] through flat indices (no multi-index checks)
+        return cflat[(lg_lid.reshape((-1,) + (1,) * (np.ndim(g) - 1)) + g) * num_experts + e]
+
+    n_slot_x = count(slot_gpu[None, :], ph)  # [A, N] replicas of x on the slot's GPU
     holder = lg[:, slot_gpu] + n_slot_x * dx_up
     holder[slot_gpu[None, :] == a[:, None]] = -np.inf
     hx = np.full(wa.shape, -np.inf)  # max new load of x's holders other than a  [A, E]
-    np.maximum.at(hx, (np.broadcast_to(rows[:, None], ph.shape), ph), holder)
-    n_a_y = cnt[lid, a[:, None], xa]  # [A, S]
+    np.maximum.at(hx.ravel(), (rows[:, None] * wa.shape[1] + ph).ravel(), holder.ravel())
+    n_a_y = count(a[:, None], xa)  # [A, S]
     dx_up_j = take_rows(dx_up, js)
-    n_a_xj = cnt[lid, a[:, None], xj]  # [A, J]
+    n_a_xj = count(a[:, None], xj)  # [A, J]
     n_b_xj = take_rows(n_slot_x, js)
-    n_b_y = cnt[lid3, bj[:, None, :], xa[:, :, None]]  # [A, S, J]
+    n_b_y = count(bj[:, None, :], xa[:, :, None])  # [A, S, J]
     ra_a = l1_3 - (n_a_y * dy_down)[:, :, None] + (n_a_xj * dx_up_j)[:, None, :]
     ra_b = (
         (lb + n_b_xj * dx_up_j - take_rows(per_minus, js))[:, None, :]
@@ -132,60 +144,59 @@ def best_steps(
     rb_new = np.maximum(rb_a, take_rows(hx, xa)[:, :, None])
     rb_ok = (cy > 1)[:, :, None] & (ycand[:, None, :] != xa[:, :, None])
 
-    # new_local: new load of every GPU the step changes (an upper bound for re-points)
-    new_local = np.concatenate(
-        [sw_new.reshape(n_act, -1), ra_new.reshape(n_act, -1), rb_new.reshape(n_act, -1)],
-        axis=1,
-    )
-    valid = np.concatenate(
-        [sw_ok.reshape(n_act, -1), ra_ok.reshape(n_act, -1), rb_ok.reshape(n_act, -1)], axis=1
-    )
-    useful = valid & (new_local < l1[:, None] * (1 - 1e-9))
+    useful_below = l1 * (1 - 1e-9)
     if level is None:
         # free moves: the gain is the drop of the layer's maximum GPU load
-        m_excl = np.where(bj == t2[:, None], l3[:, None], l2[:, None])
-        floor = np.concatenate(
-            [
-                np.broadcast_to(m_excl[:, None, :], sw_new.shape).reshape(n_act, -1),
-                np.broadcast_to(l2[:, None], (n_act, ra_new[0].size + rb_new[0].size)),
-            ],
-            axis=1,
-        )
-        gain = l1[:, None] - np.maximum(new_local, floor)
-        useful &= gain > 1e-9 * l1[:, None]
-        score = np.where(useful, gain, -np.inf)
+        m_excl = np.where(bj == t2[:, None], l3[:, None], l2[:, None])  # [A, J]
+        floors = (m_excl[:, None, :], l2[:, None, None], l2[:, None, None])
+        blocks = []
+        for new_b, ok_b, floor in zip((sw_new, ra_new, rb_new), (sw_ok, ra_ok, rb_ok), floors,
+                                      strict=True):
+            gain = l1_3 - np.maximum(new_b, floor)
+            useful = ok_b & (new_b < useful_below[:, None, None]) & (gain > 1e-9 * l1_3)
+            blocks.append(np.where(useful, gain, -np.inf))
     else:
         # costed moves: the gain is how far the step brings this GPU toward the target level
-        # (a small share of any further drop breaks ties toward more margin)
-        gain = l1[:, None] - np.maximum(new_local, level[:, None]) + 0.01 * (
-            l1[:, None] - new_local
-        )
+        # (a small share of any further drop breaks ties toward more margin), per move
+        level3 = level[:, None, None]
+        # a re-point elsewhere also relieves the other holders of y above the level (a hot
+        # expert's replicas sit on several heavy GPUs): their drop toward the level counts
+        n_g_y = count(np.arange(gpus)[None, :, None], xa[:, None, :])  # [A, G, S]
+        excess = np.maximum(lg - level[:, None], 0.0)
+        excess[rows, a] = 0.0
+        relief = np.minimum(excess[:, :, None], n_g_y * dy_down[:, None, :]).sum(axis=1)
         args = (code, node_has, node_of_gpu, cross_weight, gpu_weight, lid3)
         a3 = a[:, None, None]
         b3 = bj[:, None, :]
-        sw_cost = _swap_cost(*args, a3, xa[:, :, None], b3, xj[:, None, :])
-        gain_bx, _ = _pair_cost(*args, b3, xa[:, :, None])
-        _, lose_bx = _pair_cost(*args, b3, xj[:, None, :])
-        ra_cost = gain_bx - lose_bx
-        gain_ay, _ = _pair_cost(*args, a3, ycand[:, None, :])
-        _, lose_ax = _pair_cost(*args, a3, xa[:, :, None])
-        rb_cost = np.broadcast_to(gain_ay - lose_ax, rb_new.shape)
-        cost = np.concatenate(
-            [sw_cost.reshape(n_act, -1), ra_cost.reshape(n_act, -1),
-             rb_cost.reshape(n_act, -1)],
-            axis=1,
-        )
-        score = np.where(useful, gain / np.maximum(cost, _MIN_COST), -np.inf)
-    best = np.argmax(score, axis=1)
-    ok = np.isfinite(score[rows, best])
+        gain_bx, _ = _pair_cost(*args, b3, xa[:, :, None])  # b gains a's expert [A, S, J]
+        gain_axj, _ = _pair_cost(*args, a3, xj[:, None, :])  # a gains b's expert [A, 1, J]
+        _, lose_ax = _pair_cost(*args, a3, xa[:, :, None])  # [A, S, 1]
+        _, lose_bxj = _pair_cost(*args, b3, xj[:, None, :])  # [A, 1, J]
+        gain_ay, _ = _pair_cost(*args, a3, ycand[:, None, :])  # [A, 1, K]
+        ra_cost = gain_bx - lose_bxj  # [A, S, J]
+        sw_cost = ra_cost + gain_axj - lose_ax
+        rb_cost = gain_ay - lose_ax  # [A, S, K]
+        extra = (0.0, relief[:, :, None], 0.0)
+        blocks = []
+        for new_b, ok_b, cost_b, more in zip(
+            (sw_new, ra_new, rb_new), (sw_ok, ra_ok, rb_ok), (sw_cost, ra_cost, rb_cost), extra,
+            strict=True,
+        ):
+            gain = l1_3 - np.maximum(new_b, level3) + 0.01 * (l1_3 - new_b) + more
+            useful = ok_b & (new_b < useful_below[:, None, None])
+            blocks.append(np.where(useful, gain / np.maximum(cost_b, _MIN_COST), -np.inf))
+    # the best candidate of each block, then the best block (ties: the earlier block)
+    flat = [blk.reshape(n_act, -1) for blk in blocks]
+    idx = np.stack([np.argmax(f, axis=1) for f in flat], axis=1)  # [A, 3]
+    val = np.stack([f[rows, idx[:, k]] for k, f in enumerate(flat)], axis=1)
+    kind = np.argmax(val, axis=1)  # 0 swap, 1 re-point elsewhere, 2 re-point on a
+    ok = np.isfinite(val[rows, kind])
     if not ok.any():
         return None
     r = np.nonzero(ok)[0]
-    best = best[r]
+    kind = kind[r]
+    within = idx[r, kind]
     n_j = js.shape[1]
-    n_sw = spg * n_j
-    kind = (best >= n_sw).astype(np.int64) + (best >= 2 * n_sw)
-    within = best - kind * n_sw
     # np.where evaluates every branch: keep each decoding in range
     i_sj = np.minimum(within // n_j, spg - 1)
     j_sj = within % n_j
