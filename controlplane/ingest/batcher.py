@@ -17,8 +17,12 @@ from controlplane.store.records import LoadsRecord, SamplesRecord, SequencedReco
 log = logging.getLogger(__name__)
 
 
+Done = Callable[[SequencedRecord, "bool | BaseException"], None]
+
+
 class Batcher:
-    """Single writer task. ``submit`` returns a future of "was it a duplicate?".
+    """Single writer task. ``submit``/``admit`` return a future of "was it a duplicate?";
+    ``admit_then`` calls back instead (no future and no loop callback per record).
 
     Args:
         write: stores a batch in one transaction; returns a duplicate flag per record.
@@ -45,12 +49,14 @@ class Batcher:
             raise ValueError(f"linger_s: must be >= 0, got {linger_s}")
         self._linger_s = linger_s
         self._full = asyncio.Event()
+        self._ready = asyncio.Event()  # set while records wait
         if max_pending_bytes < 1:
             raise ValueError(f"max_pending_bytes: must be >= 1, got {max_pending_bytes}")
         self._max_pending_bytes = max_pending_bytes
         self.pending_bytes = 0
         self._waiters: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
-        self._queue: asyncio.Queue[tuple[SequencedRecord, asyncio.Future]] = asyncio.Queue()
+        # (record, its array bytes, called with the duplicate flag or the error after commit)
+        self._queue: collections.deque[tuple[SequencedRecord, int, Done]] = collections.deque()
         self._task: asyncio.Task | None = None
         self.committed = 0
         self.duplicates = 0
@@ -64,11 +70,16 @@ class Batcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def submit(self, record: SequencedRecord) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((record, fut))
-        if self._queue.qsize() >= self._max_batch:
+    def _put(self, record: SequencedRecord, size: int, done: Done) -> None:
+        self._queue.append((record, size, done))
+        self._ready.set()
+        if len(self._queue) >= self._max_batch:
             self._full.set()
+
+    def submit(self, record: SequencedRecord) -> asyncio.Future:
+        """Queue ``record`` without waiting for room (its bytes are not counted)."""
+        fut = asyncio.get_running_loop().create_future()
+        self._put(record, 0, _resolver(fut))
         return fut
 
     async def admit(self, record: SequencedRecord) -> asyncio.Future:
@@ -77,6 +88,14 @@ class Batcher:
         Waiters are served first come, first served, each woken only when its bytes fit;
         records without arrays never wait.
         """
+        fut = asyncio.get_running_loop().create_future()
+        await self.admit_then(record, _resolver(fut))
+        return fut
+
+    async def admit_then(self, record: SequencedRecord, done: Done) -> None:
+        """Queue ``record`` once its bytes fit (as ``admit``); after its transaction
+        ``done(record, duplicate)`` is called, or ``done(record, error)`` if it was not stored.
+        ``done`` runs in the event loop and must not raise."""
         size = record_bytes(record)
         if size and (self._waiters or (self.pending_bytes and self.pending_bytes + size > self._max_pending_bytes)):
             room = asyncio.get_running_loop().create_future()
@@ -89,9 +108,7 @@ class Batcher:
                 raise
         else:
             self.pending_bytes += size
-        fut = self.submit(record)
-        fut.add_done_callback(lambda _f: self._release(size))
-        return fut
+        self._put(record, size, done)
 
     def _release(self, size: int) -> None:
         self.pending_bytes -= size
@@ -106,42 +123,56 @@ class Batcher:
             self.pending_bytes += want
             room.set_result(None)
 
-    async def _write_singly(self, batch) -> list[bool | None]:
-        """Write each record in its own transaction; a failing one fails only its own future."""
-        out: list[bool | None] = []
-        for record, fut in batch:
+    async def _write_singly(self, batch) -> list[bool | BaseException]:
+        """Write each record in its own transaction; a failing one fails only itself."""
+        out: list[bool | BaseException] = []
+        for record, _size, _done in batch:
             try:
                 out.append((await asyncio.to_thread(self._write, [record]))[0])
             except Exception as exc:  # noqa: BLE001 - nothing is acked for this record
                 log.exception("store write failed for %s", type(record).__name__)
-                if not fut.done():
-                    fut.set_exception(exc)
-                out.append(None)
+                out.append(exc)
         return out
 
     async def _run(self) -> None:
+        queue = self._queue
         while True:
-            first = await self._queue.get()
-            batch = [first]
-            if self._linger_s and self._queue.qsize() + 1 < self._max_batch:
+            if not queue:
+                self._ready.clear()
+                await self._ready.wait()
+            if self._linger_s and len(queue) < self._max_batch:
                 self._full.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._full.wait(), self._linger_s)
-            while len(batch) < self._max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            records = [r for r, _ in batch]
+            batch = [queue.popleft() for _ in range(min(len(queue), self._max_batch))]
+            records = [r for r, _, _ in batch]
             try:
-                dup = await asyncio.to_thread(self._write, records)
+                results: list[bool | BaseException] = await asyncio.to_thread(self._write, records)
             except Exception:  # noqa: BLE001 - isolate the bad record: retry one by one
                 log.exception("store write failed for a batch of %d records; retrying singly", len(batch))
-                dup = await self._write_singly(batch)
-            for (_, fut), d in zip(batch, dup, strict=True):
-                if d is None:  # failed alone: its future already holds the error
-                    continue
-                self.committed += not d
-                self.duplicates += d
-                if not fut.done():
-                    fut.set_result(d)
+                results = await self._write_singly(batch)
+            released = 0
+            for (record, size, done), d in zip(batch, results, strict=True):
+                released += size
+                if not isinstance(d, BaseException):
+                    self.committed += not d
+                    self.duplicates += d
+                try:
+                    done(record, d)
+                except Exception:  # noqa: BLE001 - one bad callback must not stop the writer
+                    log.exception("ingest callback failed")
+            self._release(released)
+
+
+def _resolver(fut: asyncio.Future) -> Done:
+    def done(_record: SequencedRecord, result: bool | BaseException) -> None:
+        if fut.done():
+            return
+        if isinstance(result, BaseException):
+            fut.set_exception(result)
+        else:
+            fut.set_result(result)
+    return done
 
 
 def record_bytes(record: SequencedRecord) -> int:

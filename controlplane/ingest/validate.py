@@ -102,26 +102,45 @@ def hello_record(msg: pb.Hello, ts: float) -> HelloRecord:
     )
 
 
-def samples_record(msg: pb.DeviceSamples, *, node_id: str, seq: int, known_devices: set[str]) -> SamplesRecord:
+def samples_record(msg: pb.DeviceSamples, *, node_id: str, seq: int, known_devices: set[str],
+                   checked_layouts: set[tuple[tuple[str, ...], tuple[str, ...]]] | None = None) -> SamplesRecord:
+    """A validated frame. ``values`` stays the wire's float32 or float64 [D, M] (a read-only
+    view of the message bytes, no copy).
+
+    ``checked_layouts``: (device_ids, metrics) pairs this stream already sent and passed (the
+    same every round); the device and name checks are skipped for them and a passing pair is
+    added. The caller must discard the set when ``known_devices`` shrinks (it only grows).
+    """
     ts = check_time(msg.timestamp, "samples.timestamp")
-    d, m = len(msg.device_ids), len(msg.metrics)
+    device_ids, metrics = tuple(msg.device_ids), tuple(msg.metrics)
+    d, m = len(device_ids), len(metrics)
+    layout = (device_ids, metrics)
+    if checked_layouts is None or layout not in checked_layouts:
+        _check_layout(device_ids, metrics, node_id, known_devices)
+        if checked_layouts is not None and len(checked_layouts) < 64:
+            checked_layouts.add(layout)
+    values = decode_array(msg.values, "samples.values", ndim=2, shape=(d, m), kinds="f", finite=False)
+    if np.isinf(values).any():
+        raise WireError("samples.values", "contains infinity (use NaN for 'not measured')")
+    return SamplesRecord(node_id, seq, ts, device_ids, metrics, values)
+
+
+def _check_layout(device_ids: tuple[str, ...], metrics: tuple[str, ...], node_id: str,
+                  known_devices: set[str]) -> None:
+    d, m = len(device_ids), len(metrics)
     if d == 0:
         raise WireError("samples.device_ids", "must not be empty")
     if m == 0 or m > MAX_METRICS:
         raise WireError("samples.metrics", f"must hold 1..{MAX_METRICS} names, got {m}")
-    if not known_devices.issuperset(msg.device_ids):
-        for i, did in enumerate(msg.device_ids):
+    if not known_devices.issuperset(device_ids):
+        for i, did in enumerate(device_ids):
             if did not in known_devices:
                 raise WireError(f"samples.device_ids[{i}]", f"{did!r} is not a device of node {node_id!r} (declare it in hello)")
-    if len(set(msg.metrics)) != m:
+    if len(set(metrics)) != m:
         raise WireError("samples.metrics", "names must be unique")
-    if "" in msg.metrics or max(map(len, msg.metrics)) > MAX_ID or _CONTROL.search("".join(msg.metrics)):
-        for i, name in enumerate(msg.metrics):
+    if "" in metrics or max(map(len, metrics)) > MAX_ID or _CONTROL.search("".join(metrics)):
+        for i, name in enumerate(metrics):
             check_id(name, f"samples.metrics[{i}]")
-    values = decode_array(msg.values, "samples.values", ndim=2, shape=(d, m), kinds="f", finite=False)
-    if np.isinf(values).any():
-        raise WireError("samples.values", "contains infinity (use NaN for 'not measured')")
-    return SamplesRecord(node_id, seq, ts, tuple(msg.device_ids), tuple(msg.metrics), values.astype(np.float64))
 
 
 def loads_record(msg: pb.ExpertLoads, *, node_id: str, seq: int, job: JobShape | None) -> LoadsRecord:

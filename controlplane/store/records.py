@@ -1,7 +1,8 @@
 """Validated records handed from the ingest edge to the store (plain data, no protobuf).
 
-Arrays: ``SamplesRecord.values`` float64 [D, M]; ``LoadsRecord.counts`` int32 or int64 [L, E]
-(a read-only view of the wire bytes: no copy per message; the store sums into int64).
+Arrays: ``SamplesRecord.values`` float32 or float64 [D, M] (from ingest: a read-only view of the
+wire bytes; the store writes float32); ``LoadsRecord.counts`` int32 or int64 [L, E] (a read-only
+view of the wire bytes: no copy per message; the store sums into int64).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class SamplesRecord:
     ts: float
     device_ids: tuple[str, ...]
     metrics: tuple[str, ...]
-    values: np.ndarray  # float64 [D, M]; NaN = not measured
+    values: np.ndarray  # float32 or float64 [D, M]; NaN = not measured
 
 
 @dataclass(frozen=True)
