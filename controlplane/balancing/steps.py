@@ -119,16 +119,27 @@ def best_steps(
     n_a_y = count(a[:, None], xa)  # [A, S]
     dx_up_j = take_rows(dx_up, js)
     n_a_xj = count(a[:, None], xj)  # [A, J]
-    n_b_xj = take_rows(n_slot_x, js)
-    n_b_y = count(bj[:, None, :], xa[:, :, None])  # [A, S, J]
-    ra_a = l1_3 - (n_a_y * dy_down)[:, :, None] + (n_a_xj * dx_up_j)[:, None, :]
+    # only partner slots whose expert has >= 2 replicas can be re-pointed: gather those
+    # first ([A, R], R = the most any layer has; ``ra_slot_ok`` masks the padding)
+    multi_j = cj > 1
+    n_r = max(int(multi_j.sum(axis=1).max()), 1)
+    pos = np.argsort(~multi_j, axis=1, kind="stable")[:, :n_r]
+    jr = take_rows(js, pos)  # [A, R] slots
+    br = jr // spg
+    xr = take_rows(xj, pos)
+    ra_slot_ok = take_rows(multi_j, pos)
+    dx_up_r = take_rows(dx_up_j, pos)
+    n_a_xr = take_rows(n_a_xj, pos)
+    n_b_xr = take_rows(n_slot_x, jr)
+    n_b_y = count(br[:, None, :], xa[:, :, None])  # [A, S, R]
+    ra_a = l1_3 - (n_a_y * dy_down)[:, :, None] + (n_a_xr * dx_up_r)[:, None, :]
     ra_b = (
-        (lb + n_b_xj * dx_up_j - take_rows(per_minus, js))[:, None, :]
+        (take_rows(lb, pos) + n_b_xr * dx_up_r - take_rows(per_minus, jr))[:, None, :]
         - n_b_y * dy_down[:, :, None]
         + per_plus[:, :, None]
     )
-    ra_new = np.maximum(np.maximum(ra_a, ra_b), take_rows(hx, xj)[:, None, :])
-    ra_ok = (cj > 1)[:, None, :] & (xj[:, None, :] != xa[:, :, None])
+    ra_new = np.maximum(np.maximum(ra_a, ra_b), take_rows(hx, xr)[:, None, :])
+    ra_ok = ra_slot_ok[:, None, :] & (xr[:, None, :] != xa[:, :, None])
 
     # re-point slot i of a (expert with >= 2 replicas) to an expert that costs a the least
     n_a_all = cnt[active, a, :]  # [A, E]
@@ -173,8 +184,10 @@ def best_steps(
         _, lose_ax = _pair_cost(*args, a3, xa[:, :, None])  # [A, S, 1]
         _, lose_bxj = _pair_cost(*args, b3, xj[:, None, :])  # [A, 1, J]
         gain_ay, _ = _pair_cost(*args, a3, ycand[:, None, :])  # [A, 1, K]
-        ra_cost = gain_bx - lose_bxj  # [A, S, J]
-        sw_cost = ra_cost + gain_axj - lose_ax
+        sw_cost = gain_bx - lose_bxj + gain_axj - lose_ax
+        gain_bxr, _ = _pair_cost(*args, br[:, None, :], xa[:, :, None])  # [A, S, R]
+        _, lose_bxr = _pair_cost(*args, br[:, None, :], xr[:, None, :])  # [A, 1, R]
+        ra_cost = gain_bxr - lose_bxr
         rb_cost = gain_ay - lose_ax  # [A, S, K]
         extra = (0.0, relief[:, :, None], 0.0)
         blocks = []
@@ -198,12 +211,14 @@ def best_steps(
     within = idx[r, kind]
     n_j = js.shape[1]
     # np.where evaluates every branch: keep each decoding in range
-    i_sj = np.minimum(within // n_j, spg - 1)
+    i_sj = np.minimum(within // n_j, spg - 1)  # swap: (i, j)
     j_sj = within % n_j
+    i_ra = np.minimum(within // n_r, spg - 1)  # re-point elsewhere: (i, r)
+    j_ra = within % n_r
     i_rb = np.minimum(within // n_y, spg - 1)
     k_rb = within % n_y
-    s1 = np.where(kind == 0, sa[r, i_sj], np.where(kind == 1, js[r, j_sj], sa[r, i_rb]))
-    e1 = np.where(kind == 0, xj[r, j_sj], np.where(kind == 1, xa[r, i_sj], ycand[r, k_rb]))
+    s1 = np.where(kind == 0, sa[r, i_sj], np.where(kind == 1, jr[r, j_ra], sa[r, i_rb]))
+    e1 = np.where(kind == 0, xj[r, j_sj], np.where(kind == 1, xa[r, i_ra], ycand[r, k_rb]))
     s2 = np.where(kind == 0, js[r, j_sj], -1)
     e2 = np.where(kind == 0, xa[r, i_sj], -1)
     return active[r], s1, e1, s2, e2
