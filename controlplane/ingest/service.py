@@ -57,6 +57,14 @@ class JobCatalog:
     def forget(self, job_id: str) -> None:
         self._jobs.pop(job_id, None)
 
+    def learned(self, job_id: str, layers: int | None, experts: int | None) -> None:
+        """A hello just stored this job: keep its [L, E] if it declared both (what the store now
+        holds), else read it through again on next use."""
+        if layers and experts:
+            self._jobs[job_id] = v.JobShape(layers, experts)
+        else:
+            self.forget(job_id)
+
 
 class IngestService(rpc.IngestServicer):
     def __init__(
@@ -115,6 +123,24 @@ class IngestService(rpc.IngestServicer):
             await stream.close()
 
 
+def ok_ack(seq: int, duplicate: bool) -> bytes:
+    """Serialized ``ControlMessage(ack=Ack(seq=seq, duplicate=duplicate))`` (code OK), built
+    without message objects: one per acknowledged message, so it is on the hot path.
+    Field 2 (``ack``, length-delimited, tag 0x12) holding field 1 (``seq``, varint, tag 0x08)
+    and, when set, field 4 (``duplicate``, varint, tag 0x20)."""
+    body = (b"\x08" + _varint(seq) if seq else b"") + (b"\x20\x01" if duplicate else b"")
+    return b"\x12" + bytes((len(body),)) + body
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
 def _serialize_control(msg: pb.ControlMessage | bytes) -> bytes:
     return msg if isinstance(msg, bytes) else msg.SerializeToString()
 
@@ -152,14 +178,27 @@ class _Stream:
         self.out = out
         self.node_id: str | None = None
         self.job_id: str = ""
-        self.devices: set[str] = set()
+        self.devices: set[str] = set()  # only grows: a layout checked once stays valid
+        self.checked_layouts: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
         self.in_flight = asyncio.Semaphore(svc.max_in_flight)
         self.follows: list[tuple[object, asyncio.Task]] = []  # bus subscriptions of the job
         self.principal: Principal | None = None  # None: open mode
         self.plans = planpush.StreamPlans(svc.plans, out)
 
     def ack(self, seq: int, code: int = OK, message: str = "", duplicate: bool = False) -> None:
-        self.out.put_nowait(pb.ControlMessage(ack=pb.Ack(seq=seq, code=code, message=message, duplicate=duplicate)))
+        if code == OK:
+            self.out.put_nowait(ok_ack(seq, duplicate))
+        else:
+            self.out.put_nowait(pb.ControlMessage(ack=pb.Ack(seq=seq, code=code, message=message, duplicate=duplicate)))
+
+    def stored(self, record, result: bool | BaseException) -> None:
+        """The batcher's callback after ``record``'s transaction: free its window slot and ack
+        (OK with the duplicate flag, or INTERNAL when it was not stored)."""
+        self.in_flight.release()
+        if isinstance(result, BaseException):
+            self.ack(record.seq, INTERNAL, f"not stored: {type(result).__name__}")
+        else:
+            self.out.put_nowait(ok_ack(record.seq, result))
 
     async def read(self, request_iterator) -> None:
         async for msg in request_iterator:
@@ -197,7 +236,8 @@ class _Stream:
         self.node_id = hello.node_id
         self.devices = {d.device_id for d in hello.devices} | self.devices
         if hello.job_id:
-            self.svc.catalog.forget(hello.job_id)
+            job = hello.job
+            self.svc.catalog.learned(hello.job_id, job and job.layers, job and job.experts)
         if hello.job_id != self.job_id:
             self.job_id = hello.job_id
             await self._follow_job()
@@ -249,7 +289,8 @@ class _Stream:
         if seq <= 0:
             raise WireError("seq", "must be a positive per-node sequence number")
         if kind == "samples":
-            rec = v.samples_record(msg.samples, node_id=self.node_id, seq=seq, known_devices=self.devices)
+            rec = v.samples_record(msg.samples, node_id=self.node_id, seq=seq, known_devices=self.devices,
+                                   checked_layouts=self.checked_layouts)
         elif kind == "loads":
             job = await self.svc.catalog.get(msg.loads.job_id) if msg.loads.job_id else None
             rec = v.loads_record(msg.loads, node_id=self.node_id, seq=seq, job=job)
@@ -273,19 +314,11 @@ class _Stream:
         else:  # pragma: no cover - every oneof member is handled above
             raise WireError("body", f"unexpected {kind}")
         await self.in_flight.acquire()
-        fut = await self.svc.batcher.admit(rec)
-
-        def done(f: asyncio.Future, seq=seq):
+        try:
+            await self.svc.batcher.admit_then(rec, self.stored)
+        except BaseException:
             self.in_flight.release()
-            if f.cancelled():
-                return
-            exc = f.exception()
-            if exc is not None:
-                self.ack(seq, INTERNAL, f"not stored: {type(exc).__name__}")
-            else:
-                self.ack(seq, OK, duplicate=f.result())
-
-        fut.add_done_callback(done)
+            raise
 
     async def on_plan_report(self, msg: pb.AgentMessage) -> None:
         r = msg.plan_report
