@@ -90,6 +90,12 @@ class Agent:
         elif body == "offload":
             self.node.on_offload(msg.offload)
 
+    def _on_plan_failed(self, plan: pb.PlacementPlan, error: str) -> None:
+        """A plan the uplink could not rebuild (e.g. a delta against a base it lacks): report
+        it FAILED; the ranks never see it, and the control plane sends the next plan in full."""
+        self._emit(messages.plan_report(plan.job_id, plan.epoch, pb.PLAN_STATE_FAILED,
+                                        error=f"node {self.options.node_id}: {error}"))
+
     def sample_once(self) -> int:
         """Take one sampling round and spool it; return its seq."""
         now = self.clock()
@@ -153,7 +159,8 @@ class Agent:
                               step_deadline_s=o.step_deadline_s, monotonic=self.monotonic,
                               clock=self.clock, memory_interval_s=o.memory_interval_s,
                               host_free=self.host_free)
-        self.uplink = Uplink(self.spool, o.uplink, self.node.hello, self._on_control)
+        self.uplink = Uplink(self.spool, o.uplink, self.node.hello, self._on_control,
+                             self._on_plan_failed)
         local = await start_local_server(self.node, o.local_socket
                                          or default_socket_path(o.node_id))
         log.info("agent %s: %d devices, spool %s (%d pending, next seq %d)", o.node_id,

@@ -2,7 +2,9 @@
 
 Per connection: a fresh Hello (its own seq), wait for Config, then send every spooled message
 in seq order (a window of at most ``window`` unacknowledged) while reading acks, plans and
-config. An ack with a final code (``FINAL_CODES``: stored, or rejected for good) removes the
+config. Plans may come as deltas against the plan this connection delivered last; each is
+rebuilt into the full placement (a per-connection ``PlanReceiver``) before ``on_control`` sees
+it, and one that cannot be rebuilt goes to ``on_plan_failed`` instead. An ack with a final code (``FINAL_CODES``: stored, or rejected for good) removes the
 message from the spool; a rejection is logged and the message is never resent. Any other code
 (e.g. INTERNAL: the store failed) keeps the message and resends it after ``retry_after_s``.
 After a lost connection, every unacknowledged message is resent: the control plane
@@ -22,6 +24,8 @@ import grpc
 from agents.backoff import Backoff
 from agents.spool import Spool
 from controlplane.wire import moeplane_pb2 as pb
+from controlplane.wire.arrays import WireError
+from controlplane.wire.plan_codec import PlanReceiver, full_plan
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +54,20 @@ class UplinkOptions:
 
 
 class Uplink:
-    """Owns the connection. ``hello()`` builds the opening Hello; ``on_control`` takes config
-    and plans; ``wakeup`` is set whenever the spool gained a message."""
+    """Owns the connection. ``hello()`` builds the opening Hello; ``on_control`` takes config,
+    offload decisions and plans (always full: deltas are rebuilt here); ``on_plan_failed(plan,
+    error)`` takes a plan that could not be rebuilt (e.g. a delta whose base this connection
+    did not deliver); ``wakeup`` is set whenever the spool gained a message."""
 
     def __init__(self, spool: Spool, options: UplinkOptions, hello: Callable[[], pb.Hello],
-                 on_control: Callable[[pb.ControlMessage], None]):
+                 on_control: Callable[[pb.ControlMessage], None],
+                 on_plan_failed: Callable[[pb.PlacementPlan, str], None] | None = None):
         self.spool = spool
         self.options = options
         self.hello = hello
         self.on_control = on_control
+        self.on_plan_failed = on_plan_failed
+        self.plans = PlanReceiver()
         self.wakeup = asyncio.Event()
         self.connected = asyncio.Event()
         self.sessions = 0
@@ -97,6 +106,7 @@ class Uplink:
     async def _session(self, stop: asyncio.Event, backoff: Backoff) -> None:
         metadata = (("authorization", f"Bearer {self.options.token}"),) \
             if self.options.token else None
+        self.plans = PlanReceiver()  # a delta builds on what THIS stream delivered
         async with self._channel() as channel:
             connect = channel.stream_stream(
                 METHOD, request_serializer=bytes,
@@ -162,10 +172,27 @@ class Uplink:
             msg = await call.read()
             if msg is grpc.aio.EOF:
                 raise SessionLost("stream closed by the control plane")
-            if msg.WhichOneof("body") == "ack":
+            body = msg.WhichOneof("body")
+            if body == "ack":
                 self._on_ack(msg.ack)
+            elif body == "plan":
+                self._on_plan(msg.plan)
             else:
                 self.on_control(msg)
+
+    def _on_plan(self, plan: pb.PlacementPlan) -> None:
+        """Rebuild ``plan`` (full or delta) into a full plan for ``on_control``."""
+        try:
+            phy2log = self.plans.receive(plan)
+        except WireError as exc:
+            log.warning("plan epoch %d of job %s not usable: %s", plan.epoch, plan.job_id, exc)
+            if self.on_plan_failed is not None:
+                self.on_plan_failed(plan, str(exc))
+            return
+        if plan.base_epoch:
+            plan = full_plan(plan.job_id, plan.epoch, phy2log, plan.slots_per_rank,
+                             plan.not_before_step)
+        self.on_control(pb.ControlMessage(plan=plan))
 
     def _on_ack(self, ack: pb.Ack) -> None:
         self._inflight.discard(ack.seq)

@@ -126,7 +126,7 @@ class PlanApplier:
                 f"{plan.slots_per_rank} slots per rank, the model has {self.slots_per_rank}",
             )
         try:
-            arr = decode_array(plan.phy2log, "plan.phy2log", ndim=2, kinds="i")
+            arr = decode_array(plan.phy2log, "plan.phy2log", ndim=2, kinds="iu")  # any integer dtype
             return check_phy2log(
                 arr,
                 layers=self.layers,

@@ -60,12 +60,15 @@ class JobOptions:
 
 
 def check_plan(plan: pb.PlacementPlan, layers: int, experts: int, world: int) -> np.ndarray:
-    """phy2log [L, W*S] int64 of a plan this job can run; raises ValueError naming the field."""
+    """phy2log [L, W*S] int64 of a full plan this job can run (``plan.phy2log`` in any integer
+    dtype: uint8 on the wire for E <= 256); raises ValueError naming the field."""
     s = plan.slots_per_rank
     if s < 1:
         raise WireError("plan.slots_per_rank", f"must be >= 1, got {s}")
+    if plan.base_epoch:
+        raise WireError("plan.base_epoch", f"a delta (base_epoch {plan.base_epoch}); ranks take full plans")
     phy2log = decode_array(plan.phy2log, "plan.phy2log", ndim=2, shape=(layers, world * s),
-                           kinds="i")
+                           kinds="iu")
     if phy2log.size and (phy2log.min() < 0 or phy2log.max() >= experts):
         raise WireError("plan.phy2log", f"expert ids outside [0, {experts})")
     for layer in range(layers):

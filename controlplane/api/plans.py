@@ -1,4 +1,5 @@
-"""Plans router: list/get plans, approve, reject, roll back, dry-run, policy."""
+"""Plans router: list/get plans, approve, reject, roll back, push an operator's placement,
+dry-run, policy."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from typing import Annotated, Any
 
 import numpy as np
 from fastapi import APIRouter, Body, Path, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictInt
 
 from controlplane.api.deps import EngineDep
 from controlplane.api.routes import BAD, NOT_FOUND, JobId
 from controlplane.api.schemas import ErrorBody
-from controlplane.balancing import plan_placement
+from controlplane.balancing import count_moves, plan_placement
+from controlplane.balancing.validate import check_placement
 from controlplane.controller import runner
 from controlplane.store import plans as P
 from controlplane.store import queries as q
@@ -60,6 +62,13 @@ class PlanDetail(PlanSummary):
 
 class RollbackRequest(BaseModel):
     epoch: int = Field(ge=0, le=2**62, description="epoch to return to; 0 = the initial placement")
+
+
+class PlacementRequest(BaseModel):
+    phy2log: list[list[StrictInt]] = Field(
+        description="[L, G*S] logical expert of each physical slot (e.g. `moeplane plan --out`)"
+    )
+    reason: str = Field(default="", max_length=500, description="why; kept with the plan")
 
 
 class DryRunRequest(BaseModel):
@@ -147,6 +156,44 @@ async def rollback(job_id: JobId, body: RollbackRequest, request: Request, engin
         epoch = P.create_plan(
             engine, job_id, target, world_size=world, slots_per_rank=slots, status=P.PlanStatus.APPROVED,
             kind="rollback", base_epoch=body.epoch, reason=f"rollback to epoch {body.epoch} by operator",
+        )
+        return epoch, runner.push(engine, job_id, epoch)
+
+    epoch, payload = await asyncio.to_thread(make)
+    await _publish(request, job_id, payload)
+    return _summary(await asyncio.to_thread(P.get_plan, engine, job_id, epoch, with_placement=False))
+
+
+@router.post("/plans", response_model=PlanSummary, responses=NOT_FOUND | CONFLICT | BAD)
+async def push_placement(job_id: JobId, body: PlacementRequest, request: Request, engine: EngineDep) -> dict:
+    """Push an operator's placement (e.g. from ``moeplane plan``) as a new plan, at once.
+
+    ``phy2log`` must be ``[L, G*S]`` of expert ids in ``[0, E)`` with every expert in every
+    layer (422 naming the problem otherwise); 409 while another plan is being applied.
+    """
+    def make() -> tuple[int, bytes]:
+        job = q.get_job(engine, job_id)
+        geo = runner.geometry(engine, job)
+        if geo is None or job.get("layers") is None:
+            raise P.PlanConflict(f"job {job_id!r} has no known geometry yet")
+        world, slots, _nodes = geo
+        widths = {len(row) for row in body.phy2log}
+        if len(widths) > 1:
+            raise ValueError(f"phy2log: rows have different lengths {sorted(widths)[:4]}")
+        try:
+            given = np.asarray(body.phy2log, dtype=np.int64)
+        except OverflowError:
+            raise ValueError("phy2log: holds an expert id outside the int64 range") from None
+        target = check_placement("phy2log", given, job["layers"], world * slots, job["experts"])
+        if P.latest_plan(engine, job_id, P.IN_FLIGHT) is not None:
+            raise P.PlanConflict("a plan is being applied; wait for it to finish")
+        running = P.latest_plan(engine, job_id, (P.PlanStatus.APPLIED,))
+        current = running["phy2log"] if running else runner.identity(job["layers"], job["experts"], world, slots)
+        epoch = P.create_plan(
+            engine, job_id, target, world_size=world, slots_per_rank=slots, status=P.PlanStatus.APPROVED,
+            kind="operator", base_epoch=running["epoch"] if running else 0,
+            moves=int(count_moves(current, target, world, job["experts"]).sum()),
+            reason=body.reason or "placement given by operator",
         )
         return epoch, runner.push(engine, job_id, epoch)
 

@@ -25,8 +25,7 @@ from controlplane.store import plans as P
 from controlplane.store import queries as q
 from controlplane.store import tables as t
 from controlplane.store.lifecycle import Fenced
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import encode_array
+from controlplane.wire.plan_codec import full_plan
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +58,10 @@ def identity(layers: int, experts: int, world: int, slots: int) -> np.ndarray:
 
 
 def plan_message(plan: dict, not_before_step: int) -> bytes:
-    return pb.PlacementPlan(
-        job_id=plan["job_id"],
-        epoch=plan["epoch"],
-        phy2log=encode_array(plan["phy2log"]),
-        slots_per_rank=plan["slots_per_rank"],
-        not_before_step=not_before_step,
-    ).SerializeToString()
+    """Serialized full PlacementPlan of a stored plan: phy2log [L, G*S] in the smallest integer
+    dtype holding its ids (uint8 for E <= 256). The bus carries it; ingest derives deltas."""
+    return full_plan(plan["job_id"], plan["epoch"], plan["phy2log"], plan["slots_per_rank"],
+                     not_before_step).SerializeToString()
 
 
 def push(engine: Engine, job_id: str, epoch: int, clock=time.time) -> bytes:

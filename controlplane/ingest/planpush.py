@@ -1,21 +1,31 @@
-"""Placement plans down the ingest streams.
+"""Placement plans down the ingest streams, full or as a delta.
 
 A plan committed by the leader is published on the bus channel ``plans.<job>`` as a serialized
-PlacementPlan; every replica's ingest forwards it to the job's agent streams. The serialized
-ControlMessage is built once per published plan and shared by every stream (a 1,024-rank plan
-is ~475 KB); ``add_ingest_to_server`` lets such bytes pass through gRPC untouched. A
-(re)connecting agent gets the plan its job should run.
+full PlacementPlan (phy2log in its narrowest integer dtype); every replica's ingest forwards it
+to the job's agent streams. Per published plan, the :class:`PlanCache` builds two serialized
+ControlMessages once and shares them by every stream: the full plan, and a delta (only the
+changed slots) against the plan of this job that the replica saw before it. Each stream
+(:class:`StreamPlans`) remembers which plan it delivered last — gRPC streams are ordered, so the
+agent holds exactly that one — and gets the delta when that is the delta's base, else the full
+plan: a new stream, a reconnect, the running plan sent at connect, a stream that missed the base,
+or a stream whose agent reported a plan FAILED. ``add_ingest_to_server`` lets the shared bytes
+pass through gRPC untouched. See ``controlplane.wire.plan_codec`` for the wire contract.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
+from dataclasses import dataclass
 
+import numpy as np
 from sqlalchemy.engine import Engine
 
 from controlplane.controller.runner import plan_message
 from controlplane.store import plans
+from controlplane.wire import moeplane_pb2 as pb
+from controlplane.wire.plan_codec import decode_full, delta_plan
 
 log = logging.getLogger(__name__)
 
@@ -32,22 +42,59 @@ def control_with_plan(plan: bytes) -> bytes:
     return b"\x1a" + bytes(length) + plan
 
 
+@dataclass(frozen=True)
+class Published:
+    """One plan of a job as this replica sends it: shared serialized ControlMessages."""
+
+    payload: bytes  # the serialized full PlacementPlan (as published on the bus)
+    epoch: int
+    phy2log: np.ndarray  # [L, G*S] int64 placement, the base of the next delta
+    full: bytes  # ControlMessage(plan=full)
+    delta: bytes | None = None  # ControlMessage(plan=delta against base_epoch), when smaller
+    base_epoch: int = 0
+
+
 class PlanCache:
-    """One per ingest service: the shared ControlMessage bytes of the last published plan."""
+    """One per ingest service: per job, the last plan this replica published to its streams."""
 
     def __init__(self) -> None:
-        self._plan_cache: tuple[bytes, bytes] | None = None
+        self._jobs: dict[str, Published] = {}
+        self.sent: Counter[str] = Counter()  # plans put on streams: "full" | "delta"
 
-    def plan_control(self, payload: bytes) -> bytes:
-        """The serialized ControlMessage of a published plan, built once and shared by every
-        stream. ``payload`` is a serialized PlacementPlan; the ControlMessage is its bytes
-        behind the tag of field 3 (``plan``, length-delimited), so nothing is parsed or
-        re-serialized per stream."""
-        cached = self._plan_cache
-        if cached is None or (cached[0] is not payload and cached[0] != payload):
-            cached = (payload, control_with_plan(payload))
-            self._plan_cache = cached
-        return cached[1]
+    def published(self, job_id: str, payload: bytes) -> Published:
+        """The shared messages of a plan published on the bus (a serialized full
+        PlacementPlan), built on its first stream's call and reused by every other stream;
+        the delta is against the last plan of ``job_id`` this cache holds."""
+        last = self._jobs.get(job_id)
+        if last is not None and (last.payload is payload or last.payload == payload):
+            return last
+        plan = pb.PlacementPlan.FromString(payload)
+        phy2log = decode_full(plan)
+        full = control_with_plan(payload)
+        delta, base_epoch = None, 0
+        if last is not None and last.epoch < plan.epoch:
+            d = delta_plan(plan, phy2log, last.epoch, last.phy2log)
+            if d is not None:
+                d_bytes = control_with_plan(d.SerializeToString())
+                if len(d_bytes) < len(full):
+                    delta, base_epoch = d_bytes, last.epoch
+        pub = Published(payload, plan.epoch, phy2log, full, delta, base_epoch)
+        if last is None or last.epoch < plan.epoch:
+            self._jobs[job_id] = pub
+        return pub
+
+    def running(self, job_id: str, plan: dict) -> Published:
+        """The shared messages of a stored plan sent at connect (full only). A replica that has
+        published nothing newer for the job keeps it as the base of its next delta."""
+        last = self._jobs.get(job_id)
+        if last is not None and last.epoch == plan["epoch"]:
+            return last
+        payload = plan_message(plan, 0)
+        pub = Published(payload, plan["epoch"], np.asarray(plan["phy2log"], dtype=np.int64),
+                        control_with_plan(payload))
+        if last is None or last.epoch < pub.epoch:
+            self._jobs[job_id] = pub
+        return pub
 
 
 class StreamPlans:
@@ -56,15 +103,33 @@ class StreamPlans:
     def __init__(self, cache: PlanCache, out: asyncio.Queue):
         self.cache = cache
         self.out = out
+        self.job_id = ""
+        self.epoch = 0  # epoch of the last plan delivered on this stream (0: none)
 
-    def control(self, payload: bytes) -> bytes | None:
-        """The ControlMessage bytes to send for a plan published on the bus (None: nothing)."""
-        return self.cache.plan_control(payload)
+    def _send(self, job_id: str, pub: Published) -> bytes | None:
+        """The bytes to send for ``pub`` (None: the stream already has it or a newer plan)."""
+        same_job = job_id == self.job_id
+        if same_job and pub.epoch <= self.epoch:
+            return None
+        delta = pub.delta is not None and same_job and self.epoch == pub.base_epoch
+        self.cache.sent["delta" if delta else "full"] += 1
+        self.job_id, self.epoch = job_id, pub.epoch
+        return pub.delta if delta else pub.full
+
+    def control(self, job_id: str):
+        """The bus callback of ``plans.<job_id>``: a published plan's bytes for this stream."""
+        return lambda payload: self._send(job_id, self.cache.published(job_id, payload))
+
+    def forget(self) -> None:
+        """The agent may not hold the last plan (it reported one FAILED): the next is full."""
+        self.job_id, self.epoch = "", 0
 
     async def send_running(self, engine: Engine, job_id: str) -> None:
-        """A (re)connecting agent gets the placement its job should run."""
+        """A (re)connecting agent gets the placement its job should run, in full."""
         plan = await asyncio.to_thread(
             plans.latest_plan, engine, job_id, (plans.PlanStatus.PUSHED, plans.PlanStatus.APPLIED),
         )
         if plan is not None:
-            self.out.put_nowait(control_with_plan(plan_message(plan, 0)))
+            message = self._send(job_id, self.cache.running(job_id, plan))
+            if message is not None:
+                self.out.put_nowait(message)

@@ -259,7 +259,7 @@ class _Stream:
         await self._unfollow()
         if not self.job_id:
             return
-        await self._follow(f"plans.{self.job_id}", self.plans.control)
+        await self._follow(f"plans.{self.job_id}", self.plans.control(self.job_id))
         await self._follow(f"offload.{self.job_id}", self._offload_control)
 
     async def _follow(self, channel: str, control: Callable[[bytes], object | None]) -> None:
@@ -327,6 +327,8 @@ class _Stream:
             raise WireError("plan_report.state", f"unknown state {r.state}")
         if r.epoch <= 0:
             raise WireError("plan_report.epoch", f"must be positive, got {r.epoch}")
+        if r.state == pb.PLAN_STATE_FAILED:
+            self.plans.forget()  # the agent may lack the plan a delta would build on
         try:
             await asyncio.to_thread(
                 plans.record_report, self.svc.writer.engine, r.job_id, r.epoch, self.node_id,

@@ -5,6 +5,11 @@ the step statistics, and one device-sample frame per sampling interval. Waits wh
 ``max_in_flight`` messages are unacknowledged (the control plane's backpressure reaches it
 through that window and gRPC flow control). Reconnects when the stream breaks, resuming
 after the highest seq the control plane has stored, until the run's end.
+
+Plans are rebuilt like a real agent does: each stream keeps a ``PlanReceiver`` that turns a
+full plan or a delta into the full ``phy2log[L, G*S]`` (numpy) and keeps it as the next base; a
+delta it cannot rebuild is reported FAILED. ``stats.plans`` gets ``(node, epoch, unix time when
+rebuilt, serialized plan bytes, delta?)`` per plan.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from controlplane.loadgen.config import LoadgenConfig
 from controlplane.loadgen.stats import Stats
 from controlplane.wire import moeplane_pb2 as pb
 from controlplane.wire import moeplane_pb2_grpc as rpc
+from controlplane.wire.arrays import WireError
+from controlplane.wire.plan_codec import PlanReceiver
 
 DRAIN_S = 15.0
 
@@ -56,6 +63,8 @@ class EmulatedAgent:
         self.next_step = 0
         phase = (n % 97) / 97 * cfg.sample_interval_s
         self.next_sample_at = t0 + phase if cfg.sample_interval_s else float("inf")
+        self.plan_receiver = PlanReceiver()
+        self.phy2log: np.ndarray | None = None  # [L, G*S] int64, the placement last received
 
     async def run(self) -> None:
         target = self.cfg.targets[self.n % len(self.cfg.targets)]
@@ -83,6 +92,7 @@ class EmulatedAgent:
                     return
                 yield msg
 
+        self.plan_receiver = PlanReceiver()  # a delta builds on what THIS stream delivered
         call = rpc.IngestStub(self.channel_for(target)).Connect(requests())
         out.put_nowait(m.hello(self.cfg, self.n))
         reader = asyncio.create_task(self._read(call, out, window, configured))
@@ -111,13 +121,26 @@ class EmulatedAgent:
                 self.seq = max(self.seq, msg.config.resume_after_seq)
                 configured.set()
             elif kind == "plan":
-                plan = msg.plan
-                self.stats.plans.append((self.node_id, plan.epoch, time.time()))
-                if self.cfg.apply_plans and configured.is_set():
-                    report = pb.PlanReport(job_id=plan.job_id, epoch=plan.epoch,
-                                           state=pb.PLAN_STATE_APPLIED, step=plan.not_before_step)
-                    self._enqueue(out, "plan_report", 0, plan_report=report)
+                self._on_plan(msg.plan, out, configured)
         raise _Broken("stream ended by the server")
+
+    def _on_plan(self, plan: pb.PlacementPlan, out: asyncio.Queue, configured: asyncio.Event) -> None:
+        """Rebuild the full placement and report it applied (or the plan FAILED)."""
+        try:
+            self.phy2log = self.plan_receiver.receive(plan)
+        except WireError as exc:
+            error = f"node {self.node_id}: {exc}"
+            if len(self.stats.error_messages) < 20:
+                self.stats.error_messages.append(error)
+            state = pb.PLAN_STATE_FAILED
+        else:
+            error, state = "", pb.PLAN_STATE_APPLIED
+            self.stats.plans.append((self.node_id, plan.epoch, time.time(), plan.ByteSize(),
+                                     bool(plan.base_epoch)))
+        if (self.cfg.apply_plans or state == pb.PLAN_STATE_FAILED) and configured.is_set():
+            report = pb.PlanReport(job_id=plan.job_id, epoch=plan.epoch, state=state,
+                                   step=plan.not_before_step, error=error)
+            self._enqueue(out, "plan_report", 0, plan_report=report)
 
     def _on_ack(self, ack: pb.Ack, window: asyncio.Semaphore) -> None:
         entry = self.pending.pop(ack.seq, None)

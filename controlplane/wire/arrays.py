@@ -11,7 +11,7 @@ import numpy as np
 
 from controlplane.wire import moeplane_pb2 as pb
 
-ALLOWED_DTYPES = ("int32", "int64", "float32", "float64")
+ALLOWED_DTYPES = ("int32", "int64", "uint8", "uint16", "float32", "float64")
 MAX_ITEMS = 1 << 24  # 16M items: far above 58 x 256 x 1024, far below a memory blow-up
 
 
@@ -51,7 +51,8 @@ def decode_array(
         field: name used in errors, e.g. ``"loads.counts"``.
         ndim: required number of dimensions.
         shape: required shape; ``None`` entries are free.
-        kinds: allowed numpy dtype kinds (``"i"`` integer, ``"f"`` float).
+        kinds: allowed numpy dtype kinds (``"i"`` signed integer, ``"u"`` unsigned integer,
+            ``"f"`` float); ``"iu"`` where any integer dtype is accepted (e.g. plan arrays).
         nonnegative: reject negative values.
         finite: reject NaN and infinities (floats only).
     """

@@ -271,18 +271,24 @@ class Ack(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class PlacementPlan(_message.Message):
-    __slots__ = ("job_id", "epoch", "phy2log", "slots_per_rank", "not_before_step")
+    __slots__ = ("job_id", "epoch", "phy2log", "slots_per_rank", "not_before_step", "base_epoch", "changed_slots", "changed_experts")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PHY2LOG_FIELD_NUMBER: _ClassVar[int]
     SLOTS_PER_RANK_FIELD_NUMBER: _ClassVar[int]
     NOT_BEFORE_STEP_FIELD_NUMBER: _ClassVar[int]
+    BASE_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_EXPERTS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     epoch: int
     phy2log: NDArray
     slots_per_rank: int
     not_before_step: int
-    def __init__(self, job_id: _Optional[str] = ..., epoch: _Optional[int] = ..., phy2log: _Optional[_Union[NDArray, _Mapping]] = ..., slots_per_rank: _Optional[int] = ..., not_before_step: _Optional[int] = ...) -> None: ...
+    base_epoch: int
+    changed_slots: NDArray
+    changed_experts: NDArray
+    def __init__(self, job_id: _Optional[str] = ..., epoch: _Optional[int] = ..., phy2log: _Optional[_Union[NDArray, _Mapping]] = ..., slots_per_rank: _Optional[int] = ..., not_before_step: _Optional[int] = ..., base_epoch: _Optional[int] = ..., changed_slots: _Optional[_Union[NDArray, _Mapping]] = ..., changed_experts: _Optional[_Union[NDArray, _Mapping]] = ...) -> None: ...
 
 class OffloadAction(_message.Message):
     __slots__ = ("kind", "layers", "bytes_saved", "host_bytes", "overhead_s")

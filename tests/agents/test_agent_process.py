@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import decode_array
+from controlplane.wire.arrays import decode_array, encode_array
 from tests.agents.fake_ingest import FakeIngest
 from tests.agents.procs import start_agent, stop
 from tests.conftest import free_port
@@ -215,7 +215,8 @@ def test_plan_from_the_control_plane_reaches_a_report(ingest, tmp_path):
     try:
         ingest.wait_for(lambda s: s.connects >= 1 and len(samples_of(s)) >= 1)
         assert ingest.snapshot(lambda s: s.metadata[0]["authorization"]) == "Bearer from-env"
-        plan = pb.PlacementPlan(job_id="j1", epoch=3, slots_per_rank=1, not_before_step=5)
+        plan = pb.PlacementPlan(job_id="j1", epoch=3, slots_per_rank=1, not_before_step=5,
+                                phy2log=encode_array(np.array([[0, 1], [1, 0]], np.uint8)))
         ingest.send_plan(plan)
         report = ingest.wait_for(lambda s: [m.plan_report for _, m in s.stored.items()
                                             if m.WhichOneof("body") == "plan_report"])

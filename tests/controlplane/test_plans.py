@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from controlplane.wire import moeplane_pb2 as pb
+from controlplane.wire.arrays import decode_array
 from tests import aio
 from tests.controlplane.agentclient import ScriptedAgent, hello, loads
 from tests.controlplane.serverthread import running_server
@@ -159,3 +160,105 @@ def test_dry_run(cluster):
     assert r.status_code == 200, r.text
     assert r.json()["balancedness_after"] < r.json()["balancedness_before"]
     assert http.post("/jobs/job-1/plans/dry-run", json={"loads": [[1.0, 2.0]]}).status_code == 422
+
+
+def identity_with_swaps(base: np.ndarray, swaps: list[tuple[int, int, int]]) -> np.ndarray:
+    """``base [L, G*S]`` with slots a and b of layer l exchanged for each (l, a, b)."""
+    out = base.copy()
+    for layer, a, b in swaps:
+        out[layer, [a, b]] = out[layer, [b, a]]
+    return out
+
+
+def apply_all(agents, epoch: int, seq: int) -> None:
+    for a in agents:
+        a.send(report(seq, epoch, pb.PLAN_STATE_APPLIED, seq))
+        assert aio.run(a.wait_acks([seq]))[seq].code == 0
+
+
+def test_operator_placement_is_validated(cluster):
+    srv, http, a0, a1 = cluster
+    http.put("/jobs/job-1/policy", json={"mode": "manual", "min_interval_s": 3600})
+    ident = np.tile(np.arange(G * S) % E, (L, 1))
+    send_steps(a0, a1, [0], seq0=1)
+    bad = {
+        "shape": (ident[:, :-1].tolist(), "must have shape [layers, gpus*slots_per_gpu] = [4, 16]"),
+        "ids": (identity_with_swaps(ident, []).__add__(E).tolist(), "outside [0, 16)"),
+        "missing": (np.where(ident == 3, 4, ident).tolist(), "expert 3 of layer 0 without a replica"),
+        "ragged": ([list(range(16)), list(range(15))] + ident[2:].tolist(), "rows have different lengths"),
+        "huge": ([[2**70] + list(range(1, 16))] + ident[1:].tolist(), "int64 range"),
+    }
+    for name, (rows, needle) in bad.items():
+        r = http.post("/jobs/job-1/plans", json={"phy2log": rows})
+        assert r.status_code == 422 and needle in r.text, (name, r.text)
+    for rows in ([["1"] * 16] * 4, [[1.5] * 16] * 4, [[True] * 16] * 4):
+        assert http.post("/jobs/job-1/plans", json={"phy2log": rows}).status_code == 422
+    assert http.post("/jobs/nope/plans", json={"phy2log": ident.tolist()}).status_code == 404
+    assert http.get("/jobs/job-1/plans", params={"status": "pushed"}).json() == []
+    assert plans_of(a0) == []
+
+
+def test_operator_plans_go_full_then_as_deltas_and_full_again_after_reconnect_or_failure(cluster):
+    from controlplane.wire.plan_codec import PlanReceiver
+
+    srv, http, a0, a1 = cluster
+    sent = srv["ingest"].plans.sent
+    http.put("/jobs/job-1/policy", json={"mode": "manual", "min_interval_s": 3600})
+    send_steps(a0, a1, [0], seq0=1)
+    ident = np.tile(np.arange(G * S) % E, (L, 1))
+    rx = {a.node_id: PlanReceiver() for a in (a0, a1)}
+
+    def push(phy2log, agents, n_plans):
+        r = http.post("/jobs/job-1/plans", json={"phy2log": phy2log.tolist(), "reason": "test"})
+        assert r.status_code == 200, r.text
+        assert (r.json()["kind"], r.json()["status"], r.json()["reason"]) == ("operator", "pushed", "test")
+        got = []
+        for a in agents:
+            aio.run(a.wait_for(lambda _r, a=a: len(plans_of(a)) >= n_plans))
+            plan = plans_of(a)[-1]
+            assert plan.epoch == r.json()["epoch"]
+            np.testing.assert_array_equal(rx[a.node_id].receive(plan), phy2log)
+            got.append(plan)
+        return r.json()["epoch"], got
+
+    p1 = identity_with_swaps(ident, [(0, 0, 5), (3, 1, 14)])
+    e1, (f0, f1) = push(p1, (a0, a1), 1)
+    assert f0.base_epoch == f1.base_epoch == 0 and f0.phy2log.dtype == "uint8"
+    assert r_moves(http, e1) > 0
+    assert http.post("/jobs/job-1/plans", json={"phy2log": p1.tolist()}).status_code == 409  # in flight
+    apply_all((a0, a1), e1, 10)
+
+    p2 = identity_with_swaps(p1, [(1, 2, 9)])
+    e2, (d0, d1) = push(p2, (a0, a1), 2)
+    for d in (d0, d1):
+        assert (d.base_epoch, d.HasField("phy2log")) == (e1, False)
+        assert decode_array(d.changed_slots, "s", kinds="iu").tolist() == [G * S + 2, G * S + 9]
+        assert decode_array(d.changed_experts, "e", kinds="iu").tolist() == [9, 2]
+    assert sent["delta"] == 2
+    apply_all((a0, a1), e2, 11)
+
+    # node-0 reconnects: a new stream starts with the running plan in full, then deltas again
+    aio.run(a0.__aexit__(None, None, None))
+    b0 = ScriptedAgent(srv["grpc_port"], "node-0")
+    aio.run(b0.__aenter__())
+    b0.send(job_hello("node-0", [0, 1]))
+    aio.run(b0.wait_for(lambda _r: plans_of(b0)))
+    running = plans_of(b0)[0]
+    assert (running.epoch, running.base_epoch) == (e2, 0)
+    rx["node-0"] = PlanReceiver()
+    np.testing.assert_array_equal(rx["node-0"].receive(running), p2)
+    p3 = identity_with_swaps(p2, [(2, 4, 7)])
+    e3, (d0, d1) = push(p3, (b0, a1), 2)
+    assert d0.base_epoch == d1.base_epoch == e2
+    # a FAILED report (e.g. a delta the agent could not rebuild): that stream's next plan is full
+    a1.send(report(12, e3, pb.PLAN_STATE_FAILED, 12))
+    aio.run(a1.wait_acks([12]))
+    assert http.get(f"/jobs/job-1/plans/{e3}").json()["status"] == "failed"
+    p4 = identity_with_swaps(p3, [(0, 6, 8)])
+    _e4, (d0, f1) = push(p4, (b0, a1), 3)
+    assert d0.base_epoch == e3 and f1.base_epoch == 0 and f1.HasField("phy2log")
+    aio.run(b0.__aexit__(None, None, None))
+
+
+def r_moves(http, epoch: int) -> int:
+    return http.get(f"/jobs/job-1/plans/{epoch}").json()["moves"]

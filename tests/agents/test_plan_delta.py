@@ -1,0 +1,180 @@
+"""Plan deltas through a real agent process: the control plane sends a plan that changes K slots
+as O(K) bytes against the plan the stream delivered last; the agent rebuilds the full placement
+for its ranks (NodeLocal carries full plans), and reports a delta it cannot rebuild as FAILED."""
+
+from __future__ import annotations
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+
+from controlplane.wire import moeplane_pb2 as pb
+from controlplane.wire.arrays import decode_array
+from controlplane.wire.plan_codec import delta_plan, full_plan
+from tests.agents.fake_ingest import FakeIngest
+from tests.agents.procs import start_agent, stop, wait_path
+from tests.agents.test_local_endpoint import Rank
+from tests.conftest import free_port
+from tests.controlplane.serverthread import running_server
+
+# 4 layers x 16 experts on 2 ranks x 16 slots: large enough that a 2-slot delta is the smaller message
+JOB = pb.JobSpec(job_id="j1", layers=4, experts=16, top_k=2, world_size=2, slots_per_rank=16,
+                 ranks_per_node=2)
+
+
+def swapped(base: np.ndarray, layer: int, a: int, b: int) -> np.ndarray:
+    out = base.copy()
+    out[layer, [a, b]] = out[layer, [b, a]]
+    return out
+
+
+P1 = swapped(np.tile(np.arange(32) % 16, (4, 1)), 0, 0, 5)
+P2 = swapped(P1, 1, 2, 9)
+P3 = swapped(P2, 2, 4, 7)
+
+
+def placement(plan: pb.PlacementPlan) -> np.ndarray:
+    """What a rank got: always a full plan, in any integer dtype."""
+    assert plan.base_epoch == 0
+    return decode_array(plan.phy2log, "plan.phy2log", ndim=2, kinds="iu")
+
+
+def plan_reports(ingest: FakeIngest, state: int):
+    return ingest.wait_for(lambda s: [m.plan_report for m in s.stored.values()
+                                      if m.WhichOneof("body") == "plan_report"
+                                      and m.plan_report.state == state])
+
+
+@pytest.fixture
+def fake(tmp_path):
+    ingest = FakeIngest(free_port()).start()
+    agent = start_agent(tmp_path, ingest.port, "node-0", "--job-id", "j1", "--ranks", "0-1")
+    channel = None
+    try:
+        wait_path(tmp_path / "node-0.sock", agent)
+        channel = grpc.insecure_channel(f"unix:{tmp_path / 'node-0.sock'}")
+        yield ingest, channel
+    finally:
+        if channel is not None:
+            channel.close()
+        code = stop(agent)
+        ingest.stop()
+    assert code == 0
+
+
+def test_delta_with_an_unknown_base_is_reported_failed_and_never_reaches_the_ranks(fake):
+    ingest, channel = fake
+    r0, r1 = Rank(channel, 0, JOB), Rank(channel, 1, JOB)
+    ingest.wait_for(lambda s: any(len(h.ranks) == 2 and h.job.layers == 4 for h in s.hellos))
+    orphan = delta_plan(full_plan("j1", 6, P2, 16, 0), P2, 5, P1)  # this stream never got epoch 5
+    ingest.send_plan(orphan)
+    failed = plan_reports(ingest, pb.PLAN_STATE_FAILED)
+    assert (failed[0].job_id, failed[0].epoch) == ("j1", 6)
+    assert "base_epoch 5" in failed[0].error and "node-0" in failed[0].error
+    # the stream goes on: a full plan, then a delta against it, reach the ranks in full
+    ingest.send_plan(full_plan("j1", 7, P1, 16, 0))
+    ingest.send_plan(delta_plan(full_plan("j1", 8, P3, 16, 0), P3, 7, P1))
+    for r in (r0, r1):
+        got = [next(r.responses).plan for _ in range(2)]
+        assert [p.epoch for p in got] == [7, 8]  # epoch 6 never reached a rank
+        np.testing.assert_array_equal(placement(got[0]), P1)
+        np.testing.assert_array_equal(placement(got[1]), P3)
+    ingest.wait_for(lambda s: {m.plan_report.epoch for m in s.stored.values()
+                               if m.WhichOneof("body") == "plan_report"
+                               and m.plan_report.state == pb.PLAN_STATE_RECEIVED} == {7, 8})
+    r0.close()
+    r1.close()
+
+
+def test_a_reconnected_stream_does_not_take_a_delta_against_the_previous_stream(fake):
+    ingest, channel = fake
+    ingest.wait_for(lambda s: s.connects >= 1 and len(ingest._streams) == 1)
+    ingest.send_plan(full_plan("j1", 3, P1, 16, 0))
+    plan_reports(ingest, pb.PLAN_STATE_RECEIVED)
+    ingest.drop_connections()
+    ingest.wait_for(lambda s: s.connects >= 2 and len(ingest._streams) == 1)  # the new stream is open
+    ingest.send_plan(delta_plan(full_plan("j1", 4, P2, 16, 0), P2, 3, P1))
+    failed = plan_reports(ingest, pb.PLAN_STATE_FAILED)
+    assert failed[0].epoch == 4 and "base_epoch 3" in failed[0].error and "holds no plan" in failed[0].error
+
+
+def test_serve_sends_the_second_plan_as_a_delta_and_a_reconnect_in_full(database_url, tmp_path):
+    with running_server(database_url, controller_interval_s=0.05) as srv:
+        sent = srv["ingest"].plans.sent
+        http = httpx.Client(base_url=f"http://127.0.0.1:{srv['http_port']}/api/v1", timeout=10)
+        http.put("/jobs/j1/policy", json={"mode": "manual", "min_interval_s": 3600})
+        sock = tmp_path / "node-0.sock"
+        agent = start_agent(tmp_path, srv["grpc_port"], "node-0", "--job-id", "j1", "--ranks", "0-1")
+        channel = ranks = None
+        try:
+            wait_path(sock, agent)
+            channel = grpc.insecure_channel(f"unix:{sock}")
+            ranks = [Rank(channel, 0, JOB), Rank(channel, 1, JOB)]
+            _wait(lambda: http.get("/jobs/j1").json().get("world_size") == 2, "job geometry")
+
+            def push_and_apply(phy2log, epoch_ranks):
+                r = http.post("/jobs/j1/plans", json={"phy2log": phy2log.tolist()})
+                assert r.status_code == 200, r.text
+                epoch = r.json()["epoch"]
+                for rank in epoch_ranks:
+                    plan = next(rank.responses).plan
+                    assert plan.epoch == epoch
+                    np.testing.assert_array_equal(placement(plan), phy2log)
+                    rank.outbox.put(pb.RankMessage(plan_report=pb.PlanReport(
+                        job_id="j1", epoch=epoch, state=pb.PLAN_STATE_APPLIED, step=epoch)))
+                _wait(lambda: http.get(f"/jobs/j1/plans/{epoch}").json()["status"] == "applied",
+                      f"plan {epoch} applied")
+                return epoch
+
+            push_and_apply(P1, ranks)
+            assert (sent["full"], sent["delta"]) == (1, 0)
+            push_and_apply(P2, ranks)
+            assert (sent["full"], sent["delta"]) == (1, 1)  # the agent rebuilt P2 from the delta
+            # the agent restarts: its new stream gets the running plan in full, then deltas again
+            for rank in ranks:
+                rank.close()
+            channel.close()
+            assert stop(agent) == 0
+            agent = start_agent(tmp_path, srv["grpc_port"], "node-0", "--job-id", "j1", "--ranks", "0-1")
+            _wait(lambda: sent["full"] == 2, "the running plan sent in full on the new stream")
+            wait_path(sock, agent)
+            channel = grpc.insecure_channel(f"unix:{sock}")
+            ranks = [Rank(channel, 0, JOB), Rank(channel, 1, JOB)]
+            for rank in ranks:  # a rank attaching gets the running plan from its agent
+                np.testing.assert_array_equal(placement(next(rank.responses).plan), P2)
+            push_and_apply(P3, ranks)
+            assert (sent["full"], sent["delta"]) == (2, 2)
+        finally:
+            for rank in ranks or []:
+                rank.close()
+            if channel is not None:
+                channel.close()
+            code = stop(agent)
+            http.close()
+        assert code == 0
+
+
+def _wait(fn, what: str, timeout: float = 30.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_ranks_get_full_plans_in_a_narrow_dtype_and_accept_it(fake):
+    ingest, channel = fake
+    r0 = Rank(channel, 0, JOB)
+    ingest.wait_for(lambda s: any(h.job.layers == 4 for h in s.hellos))
+    plan = full_plan("j1", 2, P1, 16, 0)
+    assert plan.phy2log.dtype == "uint8"
+    ingest.send_plan(plan)
+    got = next(r0.responses).plan
+    assert got.phy2log.dtype == "uint8"
+    np.testing.assert_array_equal(placement(got), P1)
+    r0.close()
