@@ -1,9 +1,15 @@
 """Memory of the control plane over a long run (soak): RSS of ``moeplane serve`` every 10 s.
 
     .venv/bin/python -m benchmarks.soak --minutes 30 --nodes 64 --out docs/bench-soak.json
+    # telemetry at the full Pangu-scale rate (1,024 nodes × 8 devices × 16 metrics at 1 Hz =
+    # 131k samples/s) beside the loads of 64 nodes:
+    .venv/bin/python -m benchmarks.soak --minutes 30 --nodes 64 --sample-nodes 1024 \
+        --lg-processes 2 --out soak-full.json
 
 One real ``moeplane serve`` on a fresh PostgreSQL database and one ``moeplane loadgen``
 (N nodes × 8 ranks, per-rank 58×256 loads every 10 s, 8 devices × 16 metrics at 1 Hz).
+With ``--sample-nodes S`` the loads' nodes send no samples and a second loadgen (nodes
+``tm-00000`` ...) sends S nodes' samples instead.
 Writes the RSS series and a summary (first/last/max after warm-up, slope in MB per hour).
 """
 
@@ -28,6 +34,9 @@ def main(argv=None) -> int:
     ap.add_argument("--minutes", type=float, default=30)
     ap.add_argument("--nodes", type=int, default=64)
     ap.add_argument("--step-time", type=float, default=10)
+    ap.add_argument("--sample-nodes", type=int, default=None,
+                    help="nodes x 8 devices sampling at 1 Hz from a separate loadgen (default: the --nodes)")
+    ap.add_argument("--lg-processes", type=int, default=1, help="processes of each loadgen")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-soak-"))
@@ -36,13 +45,23 @@ def main(argv=None) -> int:
         srv = start_serve(url, tmp, name="soak-serve")
         try:
             with Meter({"srv": srv.pid}, period_s=10) as meter:
+                procs = ["--processes", str(a.lg_processes)]
+                separate = a.sample_nodes is not None
                 lg = loadgen([srv.grpc], tmp, "--nodes", str(a.nodes), "--step-time", str(a.step_time),
-                             "--sample-interval", "1", "--duration", str(a.minutes * 60), "--job", "soak")
-                while lg.poll() is None:
+                             "--sample-interval", "0" if separate else "1", "--duration", str(a.minutes * 60),
+                             "--job", "soak", *procs)
+                tm = None
+                if separate:
+                    tm = loadgen([srv.grpc], tmp, "--nodes", str(a.sample_nodes), "--step-time", "0",
+                                 "--sample-interval", "1", "--duration", str(a.minutes * 60), "--job", "soak-telemetry",
+                                 "--node-prefix", "tm", *procs, name="telemetry")
+                while lg.poll() is None or (tm is not None and tm.poll() is None):
                     time.sleep(10)
                     a.out.write_text(json.dumps({"partial": True, "commit": commit, "rss": [
                         (r["t"], r.get("srv_rss")) for r in meter.samples]}))
             s = summary(read_json(tmp))
+            if tm is not None:
+                s = {"loads": s, "telemetry": summary(read_json(tmp, "telemetry"))}
         finally:
             srv.stop()
     rows = [(r["t"], r["srv_rss"]) for r in meter.samples if "srv_rss" in r]
@@ -56,12 +75,19 @@ def main(argv=None) -> int:
         "rss_mb_last": float(rss[-1]) if len(rss) else None,
         "rss_mb_max": float(rss.max()) if len(rss) else None,
         "rss_slope_mb_per_hour": slope,
-        "loadgen": {k: v for k, v in s.items() if k not in ("error_messages", "stream_errors")},
+        "loadgen": _brief(s),
         "rss": rows,
     }
     a.out.write_text(json.dumps(result))
     print(json.dumps({k: v for k, v in result.items() if k != "rss"}, indent=2))
     return 0
+
+
+def _brief(s: dict) -> dict:
+    """The loadgen summary (or each of several) without its long message lists."""
+    if "loads" in s and "telemetry" in s:
+        return {k: _brief(v) for k, v in s.items()}
+    return {k: v for k, v in s.items() if k not in ("error_messages", "stream_errors")}
 
 
 if __name__ == "__main__":
