@@ -165,6 +165,10 @@ class NodeState:
             raise WireError("step.stats.host_bound_ratio", f"{s.host_bound_ratio} not in [0, 1]")
         if not np.isfinite(s.step_time_s) or s.step_time_s < 0:
             raise WireError("step.stats.step_time_s", f"{s.step_time_s} is not >= 0")
+        if s.tokens < 0:
+            raise WireError("step.stats.tokens", f"{s.tokens} is negative")
+        if not np.isfinite(step.timestamp) or step.timestamp < 0:
+            raise WireError("step.timestamp", f"{step.timestamp} is not a unix time >= 0")
         if link.device_id:
             self.host_bound[link.device_id] = s.host_bound_ratio
         report = RankReport(link.rank, counts.astype(np.int64), s.step_time_s,

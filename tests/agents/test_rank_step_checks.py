@@ -1,0 +1,57 @@
+"""A rank's step that ingest would refuse is refused at the agent, for that rank only.
+
+Ingest rejects a whole node message when one rank's statistics are bad (negative tokens, a
+timestamp that is not a unix time); the agent checks each rank's step first so one bad rank
+costs only its own report and the node's other ranks still reach the control plane.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import numpy as np
+import pytest
+
+from controlplane.wire import moeplane_pb2 as pb
+from controlplane.wire.arrays import decode_array, encode_array
+from tests.agents.test_local_endpoint import Rank, setup  # noqa: F401 - fixture
+
+
+def next_within(responses, seconds: float = 10.0):
+    """The stream's next message, or a failure after ``seconds`` (not a hang)."""
+    got: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: got.put(next(responses, None)), daemon=True).start()
+    try:
+        return got.get(timeout=seconds)
+    except queue.Empty:
+        raise AssertionError(f"no message from the agent within {seconds} s") from None
+
+
+def step(n: int, counts: np.ndarray, *, tokens: int = 9, timestamp: float = 1.7e9) -> pb.RankMessage:
+    return pb.RankMessage(step=pb.RankStep(
+        step=n, counts=encode_array(counts), timestamp=timestamp,
+        stats=pb.RankStepStats(step_time_s=0.5, host_bound_ratio=0.25, tokens=tokens)))
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"tokens": -1}, "step.stats.tokens"),
+    ({"timestamp": float("nan")}, "step.timestamp"),
+    ({"timestamp": -5.0}, "step.timestamp"),
+])
+def test_bad_rank_statistics_are_refused_and_the_other_ranks_still_count(setup, bad, field):  # noqa: F811
+    ingest, channel = setup
+    r0, r1 = Rank(channel, 0), Rank(channel, 1)
+    r0.outbox.put(step(3, np.full((2, 4), 2, np.int64), **bad))
+    ack = next_within(r0.responses).ack
+    assert ack.code == 3 and field in ack.message, ack.message
+    r0.outbox.put(step(3, np.full((2, 4), 2, np.int64)))
+    r1.outbox.put(step(3, np.full((2, 4), 5, np.int64)))
+    loads = ingest.wait_for(lambda s: s.loads.get(("j1", "node-0", 3)))
+    assert list(loads.ranks) == [0, 1]
+    assert (decode_array(loads.counts, "c", shape=(2, 4)) == 7).all()
+    stats = ingest.wait_for(lambda s: [m.step_stats for m in s.stored.values()
+                                       if m.WhichOneof("body") == "step_stats"])
+    assert [(r.rank, r.tokens) for r in stats[0].ranks] == [(0, 9), (1, 9)]
+    r0.close()
+    r1.close()
