@@ -172,10 +172,14 @@ def best_steps(
         level3 = level[:, None, None]
         # a re-point elsewhere also relieves the other holders of y above the level (a hot
         # expert's replicas sit on several heavy GPUs): their drop toward the level counts
-        n_g_y = count(np.arange(gpus)[None, :, None], xa[:, None, :])  # [A, G, S]
         excess = np.maximum(lg - level[:, None], 0.0)
         excess[rows, a] = 0.0
-        relief = np.minimum(excess[:, :, None], n_g_y * dy_down[:, None, :]).sum(axis=1)
+        n_over = max(int((excess > 0).sum(axis=1).max()), 1)  # only these GPUs can count
+        over = np.argpartition(-excess, n_over - 1, axis=1)[:, :n_over]  # [A, V]
+        n_g_y = count(over[:, :, None], xa[:, None, :])  # [A, V, S]
+        relief = np.minimum(
+            take_rows(excess, over)[:, :, None], n_g_y * dy_down[:, None, :]
+        ).sum(axis=1)
         args = (code, node_has, node_of_gpu, cross_weight, gpu_weight, lid3)
         a3 = a[:, None, None]
         b3 = bj[:, None, :]
