@@ -1,14 +1,29 @@
 """Plan fan-out: a plan committed (its ``pushed`` event) → every agent of the job has it.
 
-    .venv/bin/python -m benchmarks.fanout --agents 256 1024 --rounds 20 --out docs/bench-fanout.md
+    flock /tmp/moeplane-bench.lock .venv/bin/python -m benchmarks.fanout --agents 256 1024 --rounds 20
+
+(``--out FILE`` writes the results table; docs/bench-fanout.md keeps it with the history.)
 
 Real ``moeplane serve`` on a fresh PostgreSQL database (in-process bus; with ``--replicas 2``
 two serve processes share Redis and the agents are spread over them); the agents are
-``moeplane loadgen`` streams (one node each, ``--ranks-per-node`` ranks) that report every
-plan as applied. Each round asks REST for a rollback to the initial placement (a new plan,
-pushed at once), waits until the plan is applied by every node, and takes each agent's
-receive time minus the plan's ``pushed`` event time (one clock: loopback). Reported per
-round: the time until the LAST agent had it (p50/p99 over rounds), and per agent (p50/p99).
+``moeplane loadgen`` streams (one node each, ``--ranks-per-node`` ranks) that rebuild every
+plan's full placement with numpy (full or delta) and report it applied.
+
+Two rows per agent count, in one session:
+
+- incremental: two placements A and B are pushed through ``POST /jobs/{id}/plans`` (an
+  operator's placement): A is the planner's incremental plan from the identity on skewed loads
+  with a move budget of ``--moves`` of the slots, B the same from A on other skewed loads (when
+  G*S == E no replica can move, so A and B are random in-layer swaps of that share of slots).
+  Each round then rolls back to A or B in turn, so every round is a plan changing ~that share of
+  slots against the previous one: it travels as a delta.
+- full: a reshuffled placement R (the planner from scratch) is pushed, then rounds roll back to
+  the identity (epoch 0) and to R in turn: every round changes almost every slot (a full plan).
+
+Each round waits until the plan is applied by every node (polling the plan summaries, not the
+[L, G*S] detail) and takes each agent's rebuild time minus the plan's ``pushed`` event time (one
+clock: loopback). Reported per row: the time until the LAST agent had it (p50/p99 over rounds),
+per agent (p50/p99), and the PlacementPlan bytes each agent received (median).
 """
 
 from __future__ import annotations
@@ -17,97 +32,174 @@ import argparse
 import os
 import platform
 import signal
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 from benchmarks.scaleharness import REDIS, loadgen, pg_database, read_json, start_serve
+from controlplane.balancing import identity_placement, plan_placement
 from controlplane.loadgen.stats import percentiles
 
 JOB = "fanout"
 
 
-def wait(fn, timeout: float, what: str):
+def wait(fn, timeout: float, what: str, period: float = 0.02):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         v = fn()
         if v:
             return v
-        time.sleep(0.05)
+        time.sleep(period)
     raise TimeoutError(what)
 
 
-def one(agents: int, a, tmp: Path) -> dict:
+def skewed_loads(layers: int, experts: int, seed: int) -> np.ndarray:
+    """[L, E] Zipf-like tokens per expert (1/rank), a different hot set per layer and seed."""
+    rng = np.random.default_rng(seed)
+    base = 1e5 / np.arange(1, experts + 1)
+    return np.stack([rng.permutation(base) * rng.uniform(0.8, 1.2, experts) for _ in range(layers)])
+
+
+def swaps(current: np.ndarray, share: float, seed: int) -> np.ndarray:
+    """``current [L, N]`` with ``share`` of each layer's slots exchanged in random pairs."""
+    rng = np.random.default_rng(seed)
+    out = current.copy()
+    pairs = max(1, round(share * out.shape[1] / 2))
+    for row in out:
+        idx = rng.choice(out.shape[1], size=2 * pairs, replace=False)
+        row[idx[:pairs]], row[idx[pairs:]] = row[idx[pairs:]].copy(), row[idx[:pairs]].copy()
+    return out
+
+
+def placements(layers: int, experts: int, world: int, slots: int, share: float):
+    """(A, B, R): two incremental placements ~``share`` of slots apart, and a reshuffle [L, G*S]."""
+    ident = identity_placement(layers, experts, world * slots)
+    budget = round(share * layers * world * slots)
+    a = plan_placement(skewed_loads(layers, experts, 1), gpus=world, slots_per_gpu=slots, nodes=world,
+                       current=ident, max_moves=budget).phy2log
+    b = plan_placement(skewed_loads(layers, experts, 2), gpus=world, slots_per_gpu=slots, nodes=world,
+                       current=a, max_moves=budget).phy2log
+    how = "planner"
+    if (a == ident).all() or (a == b).all():  # G*S == E: nothing to replicate or move
+        how = "random in-layer swaps"
+        a = swaps(ident, share, 1)
+        b = swaps(a, share, 2)
+    r = plan_placement(skewed_loads(layers, experts, 3), gpus=world, slots_per_gpu=slots, nodes=world).phy2log
+    return a, b, r, how
+
+
+def one(agents: int, a, tmp: Path) -> list[dict]:
+    world = agents * a.ranks_per_node
+    slots = max(1, -(-a.experts // world))
+    pa, pb, pr, how = placements(a.layers, a.experts, world, slots, a.moves)
+    ident = identity_placement(a.layers, a.experts, world * slots)
     with pg_database() as url:
         servers = [start_serve(url, tmp, redis_url=REDIS if a.replicas > 1 else "", name=f"fanout-{agents}-{i}")
                    for i in range(a.replicas)]
         try:
-            http = httpx.Client(base_url=servers[0].http + "/api/v1", timeout=60)
+            http = httpx.Client(base_url=servers[0].http + "/api/v1", timeout=120)
             lg = loadgen([s.grpc for s in servers], tmp, "--nodes", str(agents), "--ranks-per-node",
                          str(a.ranks_per_node), "--step-time", "0", "--sample-interval", "0",
                          "--duration", "3600", "--processes", str(a.lg_processes), "--job", JOB,
                          "--layers", str(a.layers), "--experts", str(a.experts), name=f"fanout-{agents}")
-            wait(lambda: len(http.get("/nodes", params={"job_id": JOB}).json()) >= agents, 300, "agents")
-            http.put(f"/jobs/{JOB}/policy", json={"mode": "manual"})
-            pushed: dict[int, float] = {}
-            for _ in range(a.rounds):
-                r = http.post(f"/jobs/{JOB}/rollback", json={"epoch": 0})
-                r.raise_for_status()
-                epoch = r.json()["epoch"]
-                wait(lambda e=epoch: http.get(f"/jobs/{JOB}/plans/{e}").json()["status"] == "applied",
+            wait(lambda: len(http.get("/nodes", params={"job_id": JOB}).json()) >= agents, 300, "agents", 0.5)
+            http.put(f"/jobs/{JOB}/policy", json={"mode": "manual", "min_interval_s": 1e9}).raise_for_status()
+            job = http.get(f"/jobs/{JOB}").json()
+            if (job["world_size"], job["slots_per_rank"]) != (world, slots):
+                raise RuntimeError(f"job geometry {job['world_size']}x{job['slots_per_rank']}, expected {world}x{slots}")
+
+            def applied(epoch: int) -> None:
+                wait(lambda: any(p["epoch"] == epoch and p["status"] == "applied"
+                                 for p in http.get(f"/jobs/{JOB}/plans", params={"limit": 3}).json()),
                      300, f"plan {epoch} applied")
-                events = http.get(f"/jobs/{JOB}/plans/{epoch}").json()["events"]
-                pushed[epoch] = next(ev["ts"] for ev in events if ev["status"] == "pushed")
+
+            def operator(phy2log: np.ndarray, reason: str) -> int:
+                r = http.post(f"/jobs/{JOB}/plans", json={"phy2log": phy2log.tolist(), "reason": reason})
+                r.raise_for_status()
+                applied(r.json()["epoch"])
+                return r.json()["epoch"]
+
+            def rounds(targets: list[int]) -> dict[int, float]:
+                pushed = {}
+                for i in range(a.rounds):
+                    r = http.post(f"/jobs/{JOB}/rollback", json={"epoch": targets[i % 2]})
+                    r.raise_for_status()
+                    epoch = r.json()["epoch"]
+                    applied(epoch)
+                    events = http.get(f"/jobs/{JOB}/plans/{epoch}").json()["events"]
+                    pushed[epoch] = next(ev["ts"] for ev in events if ev["status"] == "pushed")
+                return pushed
+
+            ea = operator(pa, "fanout benchmark: placement A")
+            eb = operator(pb, "fanout benchmark: placement B")
+            inc = rounds([ea, eb])  # B -> A -> B ...: each round changes A != B slots
+            er = operator(pr, "fanout benchmark: reshuffled placement R")
+            full = rounds([0, er])  # R -> identity -> R ...
             os.killpg(lg.pid, signal.SIGTERM)
             lg.wait(120)
-            plan_bytes = int(a.layers * max(agents * a.ranks_per_node, a.experts) * 8)
         finally:
             for s in servers:
                 s.stop()
     got = read_json(tmp, f"fanout-{agents}")["plans"]
-    per_agent, last = [], []
+    return [
+        row(agents, got, inc, f"incremental ({how})", float((pa != pb).mean())),
+        row(agents, got, full, "full (identity ↔ reshuffled)", float((pr != ident).mean())),
+    ]
+
+
+def row(agents: int, got: list, pushed: dict[int, float], kind: str, changed: float) -> dict:
+    per_agent, last, sizes, deltas = [], [], [], 0
     for epoch, t_push in pushed.items():
-        lat = [t - t_push for _node, e, t in got if e == epoch]
-        if len(lat) < agents:
-            raise RuntimeError(f"epoch {epoch}: only {len(lat)} of {agents} agents got it")
+        mine = [g for g in got if g[1] == epoch]
+        if len(mine) < agents:
+            raise RuntimeError(f"epoch {epoch}: only {len(mine)} of {agents} agents got it")
+        lat = [g[2] - t_push for g in mine]
         per_agent += lat
         last.append(max(lat))
-    return {"agents": agents, "rounds": len(pushed), "plan_bytes": plan_bytes,
+        sizes += [g[3] for g in mine]
+        deltas += sum(1 for g in mine if g[4])
+    return {"agents": agents, "kind": kind, "rounds": len(pushed), "changed": changed,
+            "plan_bytes": statistics.median(sizes), "delta_share": deltas / len(sizes),
             "all": percentiles(last), "agent": percentiles(per_agent)}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agents", type=int, nargs="+", default=[256, 1024])
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=20, help="rounds per row")
     ap.add_argument("--replicas", type=int, default=1)
     ap.add_argument("--ranks-per-node", type=int, default=1)
     ap.add_argument("--layers", type=int, default=58)
     ap.add_argument("--experts", type=int, default=256)
+    ap.add_argument("--moves", type=float, default=0.05, help="share of slots an incremental plan moves")
     ap.add_argument("--lg-processes", type=int, default=2)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
     rows = []
     for n in a.agents:
-        rows.append(one(n, a, tmp))
-        print(rows[-1], flush=True)
+        rows += one(n, a, tmp)
+        for r in rows[-2:]:
+            print(r, flush=True)
     lines = [
-        "# Plan fan-out", "",
         "Command: `.venv/bin/python -m benchmarks.fanout " + " ".join(argv if argv is not None else sys.argv[1:]) + "`",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores shared with other engineers (noisy). "
         f"{a.replicas} `moeplane serve` replica(s) on PostgreSQL{' + Redis' if a.replicas > 1 else ''}; "
         f"agents are `moeplane loadgen` streams over {a.lg_processes} processes, each node with "
-        f"{a.ranks_per_node} rank(s); plan phy2log is int64 [{a.layers}, G*S]. Budget: p99 ≤ 200 ms.", "",
-        "| agents | plan bytes | rounds | last agent p50 ms | last agent p99 ms | per agent p50 ms | per agent p99 ms |",
-        "|---|---|---|---|---|---|---|",
+        f"{a.ranks_per_node} rank(s); phy2log [{a.layers}, G*S], E = {a.experts}. Budget: p99 ≤ 200 ms.", "",
+        "| agents | plans | slots changed | plan bytes per agent | sent as delta | rounds | last agent p50 ms | "
+        "last agent p99 ms | per agent p50 ms | per agent p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['agents']} | {r['plan_bytes']:,} | {r['rounds']} | {r['all']['p50'] * 1e3:.1f} | "
+        lines.append(f"| {r['agents']} | {r['kind']} | {r['changed']:.1%} | {r['plan_bytes']:,.0f} | "
+                     f"{r['delta_share']:.0%} | {r['rounds']} | {r['all']['p50'] * 1e3:.1f} | "
                      f"{r['all']['p99'] * 1e3:.1f} | {r['agent']['p50'] * 1e3:.1f} | {r['agent']['p99'] * 1e3:.1f} |")
     report = "\n".join(lines) + "\n"
     print(report)

@@ -48,7 +48,7 @@ class Published:
 
     payload: bytes  # the serialized full PlacementPlan (as published on the bus)
     epoch: int
-    phy2log: np.ndarray  # [L, G*S] int64 placement, the base of the next delta
+    phy2log: np.ndarray  # [L, G*S] placement (any integer dtype), the base of the next delta
     full: bytes  # ControlMessage(plan=full)
     delta: bytes | None = None  # ControlMessage(plan=delta against base_epoch), when smaller
     base_epoch: int = 0

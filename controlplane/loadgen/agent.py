@@ -64,7 +64,7 @@ class EmulatedAgent:
         phase = (n % 97) / 97 * cfg.sample_interval_s
         self.next_sample_at = t0 + phase if cfg.sample_interval_s else float("inf")
         self.plan_receiver = PlanReceiver()
-        self.phy2log: np.ndarray | None = None  # [L, G*S] int64, the placement last received
+        self.phy2log: np.ndarray | None = None  # [L, G*S] (wire dtype), the placement last received
 
     async def run(self) -> None:
         target = self.cfg.targets[self.n % len(self.cfg.targets)]

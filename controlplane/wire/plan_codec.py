@@ -66,7 +66,8 @@ def delta_plan(plan: pb.PlacementPlan, phy2log: np.ndarray, base_epoch: int,
 
 
 def decode_full(plan: pb.PlacementPlan) -> np.ndarray:
-    """``phy2log[L, G*S]`` int64 of a full plan (any integer dtype on the wire); raises
+    """``phy2log[L, G*S]`` of a full plan: a writable copy in its wire dtype (any integer
+    dtype; uint8 for E <= 256 from the control plane, so the copy is L*G*S bytes). Raises
     WireError naming the field when it is not a plan at all (shape, dtype, negative ids)."""
     if plan.base_epoch:
         raise WireError("plan.base_epoch", f"a delta (base_epoch {plan.base_epoch}) where a full plan is required")
@@ -76,7 +77,7 @@ def decode_full(plan: pb.PlacementPlan) -> np.ndarray:
     if arr.shape[1] % plan.slots_per_rank:
         raise WireError("plan.phy2log.shape",
                         f"{arr.shape[1]} slots is not a multiple of slots_per_rank {plan.slots_per_rank}")
-    return arr.astype(np.int64)
+    return np.array(arr)  # own the bytes: the message may go, the placement stays
 
 
 class PlanReceiver:
@@ -88,10 +89,12 @@ class PlanReceiver:
         self.job_id = ""
         self.epoch = 0
         self.slots_per_rank = 0
-        self.phy2log: np.ndarray | None = None  # [L, G*S] int64, the last plan received
+        self.phy2log: np.ndarray | None = None  # [L, G*S], the last plan received
 
     def receive(self, plan: pb.PlacementPlan) -> np.ndarray:
-        """Full ``phy2log[L, G*S]`` int64 of ``plan``; it becomes the base of the next delta.
+        """Full ``phy2log[L, G*S]`` of ``plan``, a new array in the smallest integer dtype that
+        held its ids on the wire (uint8 for E <= 256; ``astype(np.int64)`` where int64 is
+        wanted); it becomes the base of the next delta.
 
         Raises :class:`UnknownBase` for a delta against a plan this stream did not deliver
         last, WireError naming the field for a malformed one. The base is then unchanged.
@@ -119,7 +122,7 @@ class PlanReceiver:
         slots = decode_array(plan.changed_slots, "plan.changed_slots", ndim=1, kinds="iu")
         experts = decode_array(plan.changed_experts, "plan.changed_experts", ndim=1,
                                shape=(slots.shape[0],), kinds="iu", nonnegative=True)
-        full = self.phy2log.copy()
+        full = self.phy2log.astype(np.result_type(self.phy2log.dtype, experts.dtype))  # a copy
         flat = full.reshape(-1)
         if slots.size:
             if slots.size > 1 and not (np.diff(slots.astype(np.int64)) > 0).all():
