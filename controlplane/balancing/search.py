@@ -127,6 +127,7 @@ def local_search(
     steps_log: list[np.ndarray] = []
     points_log: list[np.ndarray] = []
     active = np.arange(num_layers)
+    cached = None  # (layers, cx, per, lg) of the state the next round starts from
 
     for round_no in range(max_steps + 1):
         if active.size == 0:
@@ -134,9 +135,13 @@ def local_search(
         ph = phy[active]
         wa = w[active]
         ca = rc[active]
-        cx = take_rows(ca, ph)
-        per = take_rows(wa, ph) / cx
-        lg = per.reshape(len(active), gpus, spg).sum(axis=2)
+        if cached is not None and np.array_equal(cached[0], active):
+            cx, per, lg = cached[1:]  # the previous round's prefix points computed them
+        else:
+            cx = take_rows(ca, ph)
+            per = take_rows(wa, ph) / cx
+            lg = per.reshape(len(active), gpus, spg).sum(axis=2)
+        cached = None
         by_load = np.argsort(lg, axis=1, kind="stable")  # ascending
         l1 = take_rows(lg, by_load[:, -1:])[:, 0]
         mean = lg.mean(axis=1)
@@ -217,10 +222,9 @@ def local_search(
             step_moves = np.bincount(t_step[once], weights=change, minlength=len(layers))
             received += np.bincount(t_gpu[once], weights=change, minlength=gpus)
         if extra.any():
-            points_log.append(
-                _prefix_points(w, phy, rc, layers, s1, s2, extra, step_moves, done_steps,
-                               moves, gpus)
-            )
+            pts, cached = _prefix_points(w, phy, rc, layers, s1, s2, extra, step_moves,
+                                         done_steps, moves, gpus)
+            points_log.append(pts)
         moves += np.bincount(layers, weights=step_moves, minlength=num_layers)
         done_steps += np.bincount(layers, minlength=num_layers)
         active = np.unique(layers)
@@ -236,11 +240,14 @@ def _prefix_points(w, phy, rc, layers, s1, s2, extra, step_moves, done_steps, mo
     ``layers, s1, s2, extra, step_moves [K]``: the round's steps grouped by layer (top GPU's
     step first; ``extra``: a swap of a further heavy GPU); ``phy``, ``rc`` already updated.
     Loads after the last step are recomputed; earlier ones undo the later swaps (a swap keeps
-    replica counts, so its effect is exactly the two slots' loads exchanged).
+    replica counts, so its effect is exactly the two slots' loads exchanged). Returns the
+    points ``[K, 4]`` and (layers ``[U]``, replicas of each slot's expert, load per slot
+    ``[U, N]``, GPU loads ``[U, G]``) after the round, which the next round starts from.
     """
     uniq, first, inverse = np.unique(layers, return_index=True, return_inverse=True)
     ph = phy[uniq]
-    per = take_rows(w[uniq], ph) / take_rows(rc[uniq], ph)
+    cx = take_rows(rc[uniq], ph)
+    per = take_rows(w[uniq], ph) / cx
     lg_end = per.reshape(len(uniq), gpus, -1).sum(axis=2)  # [U, G]
     spg = phy.shape[1] // gpus
     k = len(layers)
@@ -259,6 +266,7 @@ def _prefix_points(w, phy, rc, layers, s1, s2, extra, step_moves, done_steps, mo
     mcum = np.cumsum(step_moves)
     mseg = mcum - np.where(first > 0, mcum[np.maximum(first - 1, 0)], 0.0)[inverse]
     pos = np.arange(k) - first[inverse]
-    return np.stack(
+    points = np.stack(
         [layers, done_steps[layers] + pos + 1, moves[layers] + mseg, bal], axis=1
     ).astype(float)
+    return points, (uniq, cx, per, lg_end)
