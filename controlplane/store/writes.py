@@ -52,9 +52,13 @@ def upsert(
 
 
 def upsert_many(conn: Connection, table: sa.Table, key: Sequence[str], rows: Sequence[dict],
-                update: Sequence[str], *, newer=None) -> None:
+                update: Sequence[str], *, newer=None, only_changes: bool = False) -> None:
     """``upsert`` of many rows (dicts with the same columns) in one executemany: insert each, or
-    set its ``update`` columns on the existing row with that primary ``key``."""
+    set its ``update`` columns on the existing row with that primary ``key``.
+
+    ``only_changes``: leave an existing row alone when none of its ``update`` columns would
+    change (no new row version, no row lock held to commit: 1,024 agents reconnecting declare
+    the same job and devices again)."""
     if not rows:
         return
     cols = tuple(rows[0])
@@ -63,12 +67,17 @@ def upsert_many(conn: Connection, table: sa.Table, key: Sequence[str], rows: Seq
 
     def build(c: Connection):
         ins = dialect_insert(c, table)
+        where = None if newer is None else newer(ins.excluded)
+        if only_changes:
+            changed = sa.or_(*(table.c[col].is_distinct_from(ins.excluded[col]) for col in update))
+            where = changed if where is None else sa.and_(where, changed)
         return ins.values({col: sa.bindparam(col) for col in cols}).on_conflict_do_update(
             index_elements=[table.c[k] for k in key], set_={col: ins.excluded[col] for col in update},
-            where=None if newer is None else newer(ins.excluded),
+            where=where,
         )
 
-    ck = ("upsert", table.name, tuple(key), cols, tuple(update), None if newer is None else newer.__code__)
+    ck = ("upsert", table.name, tuple(key), cols, tuple(update), None if newer is None else newer.__code__,
+          only_changes)
     bulk.run_compiled(conn, ck, build, rows if len(rows) > 1 else rows[0])
 
 
@@ -106,7 +115,7 @@ class StoreWriter:
                 {"device_id": dev.device_id, "node_id": hello.node_id, "idx": dev.index, "kind": dev.kind,
                  "model": dev.model, "memory_total_bytes": dev.memory_total_bytes, "rank": dev.rank}
                 for dev in hello.devices
-            ], device_cols)
+            ], device_cols, only_changes=True)
             max_seq = conn.execute(
                 sa.select(sa.func.max(t.received.c.seq)).where(t.received.c.node_id == hello.node_id)
             ).scalar()
@@ -121,7 +130,8 @@ class StoreWriter:
                 if getattr(job, k)
             }
         if spec:
-            upsert(conn, t.jobs, {"job_id": job_id}, spec, insert_only={"created_at": ts})
+            upsert_many(conn, t.jobs, ("job_id",), [{"job_id": job_id, **spec, "created_at": ts}], list(spec),
+                        only_changes=True)
             return
         bulk.run_compiled(
             conn, "job-if-new",

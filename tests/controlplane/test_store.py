@@ -98,3 +98,29 @@ def test_concurrent_plan_writers_never_share_an_epoch(engine):
             lambda _i: P.create_plan(engine, "j", phy2log, world_size=2, slots_per_rank=2), range(16)
         ))
     assert sorted(epochs) == list(range(1, 17))
+
+
+def test_hello_again_updates_only_what_changed(engine):
+    """A reconnecting agent declares its job and devices again: the same values leave the rows
+    alone (upserts with a change condition), different ones replace them."""
+    import dataclasses
+
+    import sqlalchemy as sa
+
+    from controlplane.store import tables as t
+
+    w = StoreWriter(engine)
+    w.register_hello(_hello())
+    w.register_hello(_hello())  # identical: no change
+    bigger = _hello()
+    bigger = dataclasses.replace(
+        bigger,
+        devices=(dataclasses.replace(bigger.devices[0], memory_total_bytes=2 << 30), bigger.devices[1]),
+        job=JobRecord("j", layers=4, experts=3, top_k=2),
+    )
+    w.register_hello(bigger)
+    with engine.connect() as conn:
+        mem = dict(conn.execute(sa.select(t.devices.c.device_id, t.devices.c.memory_total_bytes)).all())
+        job = conn.execute(sa.select(t.jobs.c.layers, t.jobs.c.experts, t.jobs.c.top_k)).one()
+    assert mem == {"n0/gpu0": 2 << 30, "n0/gpu1": 1 << 30}
+    assert tuple(job) == (4, 3, 2)
