@@ -33,27 +33,39 @@ _REPOINT_CHOICES = 2  # candidate experts for a re-pointed slot of the most load
 _MIN_COST = 0.5  # a step that costs no move is scored as if it cost half a move
 
 
-def _pair_cost(code, node_has, node_of_gpu, cross_weight, gpu_weight, lid3, g, e):
-    """(gaining e on g is a move, losing e from g removes a move), weighted for cross-node
-    and by ``gpu_weight [G]`` of g (None: 1). ``lid3``: layer indices broadcastable
-    against ``g`` and ``e``; ``code [L, G, E]``, ``node_has [L, nodes, E]`` (or None)."""
+_GAIN, _LOSE = 0, 2  # codes: gaining the expert is a move / losing it removes a move
+
+
+def _pair_cost(code, node_has, node_of_gpu, cross_weight, gpu_weight, lid3, g, e, which):
+    """Weighted move count of a (GPU g, expert e) change: where ``code == which`` (``_GAIN``:
+    e gained on g is a move; ``_LOSE``: e lost from g removes a move), the weight of g, i.e.
+    ``gpu_weight [G]`` of g (None: 1) times ``1 + cross_weight`` when no GPU of g's node held
+    e in the reference; else 0. ``lid3``: layer indices broadcastable against ``g`` and ``e``;
+    ``code [L, G, E]``, ``node_has [L, nodes, E]`` (or None). Flat gathers: no multi-index
+    checks."""
     _, gpus, num_experts = code.shape
-    c_ = code.ravel()[(lid3 * gpus + g) * num_experts + e]  # flat: no multi-index checks
-    weight = 1.0 if gpu_weight is None else gpu_weight[g]
-    if node_has is not None:
+    hit = code.ravel()[(lid3 * gpus + g) * num_experts + e] == which
+    if node_has is None:
+        out = hit.astype(np.float64)
+    else:
         nodes = node_has.shape[1]
         held = node_has.ravel()[(lid3 * nodes + node_of_gpu[g]) * num_experts + e]
-        weight = weight * (1.0 + cross_weight * ~held)
-    return (c_ == 0) * weight, (c_ == 2) * weight
+        out = 1.0 + cross_weight * ~held
+        out *= hit
+    # in place: numpy's out-of-place broadcasting of a small operand against a large one
+    # is several times slower here
+    if gpu_weight is not None:
+        out *= gpu_weight[g]
+    return out
 
 
 def _swap_cost(code, node_has, node_of_gpu, cross_weight, gpu_weight, lid3, a3, xa3, b3, xj3):
     """Weighted move cost of swapping expert ``xa`` on GPU ``a`` with ``xj`` on GPU ``b``."""
     args = (code, node_has, node_of_gpu, cross_weight, gpu_weight, lid3)
-    gain_bx, _ = _pair_cost(*args, b3, xa3)  # b gains a's expert
-    gain_ay, _ = _pair_cost(*args, a3, xj3)  # a gains b's expert
-    _, lose_ax = _pair_cost(*args, a3, xa3)
-    _, lose_by = _pair_cost(*args, b3, xj3)
+    gain_bx = _pair_cost(*args, b3, xa3, _GAIN)  # b gains a's expert
+    gain_ay = _pair_cost(*args, a3, xj3, _GAIN)  # a gains b's expert
+    lose_ax = _pair_cost(*args, a3, xa3, _LOSE)
+    lose_by = _pair_cost(*args, b3, xj3, _LOSE)
     return gain_bx + gain_ay - lose_ax - lose_by
 
 
@@ -183,14 +195,14 @@ def best_steps(
         args = (code, node_has, node_of_gpu, cross_weight, gpu_weight, lid3)
         a3 = a[:, None, None]
         b3 = bj[:, None, :]
-        gain_bx, _ = _pair_cost(*args, b3, xa[:, :, None])  # b gains a's expert [A, S, J]
-        gain_axj, _ = _pair_cost(*args, a3, xj[:, None, :])  # a gains b's expert [A, 1, J]
-        _, lose_ax = _pair_cost(*args, a3, xa[:, :, None])  # [A, S, 1]
-        _, lose_bxj = _pair_cost(*args, b3, xj[:, None, :])  # [A, 1, J]
-        gain_ay, _ = _pair_cost(*args, a3, ycand[:, None, :])  # [A, 1, K]
+        gain_bx = _pair_cost(*args, b3, xa[:, :, None], _GAIN)  # b gains a's expert [A, S, J]
+        gain_axj = _pair_cost(*args, a3, xj[:, None, :], _GAIN)  # a gains b's expert [A, 1, J]
+        lose_ax = _pair_cost(*args, a3, xa[:, :, None], _LOSE)  # [A, S, 1]
+        lose_bxj = _pair_cost(*args, b3, xj[:, None, :], _LOSE)  # [A, 1, J]
+        gain_ay = _pair_cost(*args, a3, ycand[:, None, :], _GAIN)  # [A, 1, K]
         sw_cost = gain_bx - lose_bxj + gain_axj - lose_ax
-        gain_bxr, _ = _pair_cost(*args, br[:, None, :], xa[:, :, None])  # [A, S, R]
-        _, lose_bxr = _pair_cost(*args, br[:, None, :], xr[:, None, :])  # [A, 1, R]
+        gain_bxr = _pair_cost(*args, br[:, None, :], xa[:, :, None], _GAIN)  # [A, S, R]
+        lose_bxr = _pair_cost(*args, br[:, None, :], xr[:, None, :], _LOSE)  # [A, 1, R]
         ra_cost = gain_bxr - lose_bxr
         rb_cost = gain_ay - lose_ax  # [A, S, K]
         extra = (0.0, relief[:, :, None], 0.0)
