@@ -262,3 +262,31 @@ def test_operator_plans_go_full_then_as_deltas_and_full_again_after_reconnect_or
 
 def r_moves(http, epoch: int) -> int:
     return http.get(f"/jobs/job-1/plans/{epoch}").json()["moves"]
+
+
+def test_applied_only_when_every_node_now_in_the_job_reported(cluster):
+    """The per-report check counts first; a node that reported and then left the job must not
+    stand in for one that has not reported."""
+    import sqlalchemy as sa
+
+    from controlplane.store import tables as t
+
+    srv, http, a0, a1 = cluster
+    http.put("/jobs/job-1/policy", json={"mode": "manual", "min_interval_s": 3600})
+    ident = np.tile(np.arange(G * S) % E, (L, 1))
+    r = http.post("/jobs/job-1/plans", json={"phy2log": identity_with_swaps(ident, [(0, 1, 2)]).tolist()})
+    epoch = r.json()["epoch"]
+    a0.send(report(20, epoch, pb.PLAN_STATE_APPLIED, 3))
+    aio.run(a0.wait_acks([20]))
+    with srv["engine"].begin() as conn:  # node-0 moves to another job after reporting
+        conn.execute(sa.update(t.nodes).where(t.nodes.c.node_id == "node-0").values(job_id="job-2"))
+    with srv["engine"].begin() as conn:  # a second node of the job that has not reported
+        conn.execute(sa.insert(t.nodes).values(node_id="node-9", job_id="job-1", first_seen=0, last_seen=0))
+    a1.send(report(20, epoch, pb.PLAN_STATE_APPLIED, 3))
+    aio.run(a1.wait_acks([20]))
+    assert http.get(f"/jobs/job-1/plans/{epoch}").json()["status"] == "pushed"  # node-9 missing
+    with srv["engine"].begin() as conn:
+        conn.execute(sa.delete(t.nodes).where(t.nodes.c.node_id == "node-9"))
+    a1.send(report(21, epoch, pb.PLAN_STATE_APPLIED, 3))
+    aio.run(a1.wait_acks([21]))
+    assert http.get(f"/jobs/job-1/plans/{epoch}").json()["status"] == "applied"
