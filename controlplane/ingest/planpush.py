@@ -54,12 +54,79 @@ class Published:
     base_epoch: int = 0
 
 
-class PlanCache:
-    """One per ingest service: per job, the last plan this replica published to its streams."""
+@dataclass
+class _Following:
+    """The streams of one job on this replica and their one bus subscription."""
 
-    def __init__(self) -> None:
+    streams: set[StreamPlans]
+    ready: asyncio.Event
+    sub: object = None
+    task: asyncio.Task | None = None
+
+
+class PlanCache:
+    """One per ingest service: per job, the last plan this replica published to its streams,
+    and ONE subscription to ``plans.<job>`` that hands each plan to every stream of the job
+    (not one per stream: with Redis that was a connection per stream, and the plan crossed
+    Redis once per stream)."""
+
+    def __init__(self, bus) -> None:
+        self.bus = bus
         self._jobs: dict[str, Published] = {}
+        self._following: dict[str, _Following] = {}
         self.sent: Counter[str] = Counter()  # plans put on streams: "full" | "delta"
+
+    async def follow(self, job_id: str, stream: StreamPlans) -> None:
+        """Hand ``stream`` every plan of ``job_id`` published from now on (returns once the
+        bus subscription is live, so the caller may read the running plan after it)."""
+        f = self._following.get(job_id)
+        if f is None:
+            f = self._following[job_id] = _Following(set(), asyncio.Event())
+            f.streams.add(stream)
+            try:
+                f.sub = await self.bus.subscribe(f"plans.{job_id}")
+            except BaseException:
+                self._following.pop(job_id, None)
+                f.ready.set()
+                raise
+            f.task = asyncio.create_task(self._forward(job_id, f))
+            f.ready.set()
+        else:
+            f.streams.add(stream)
+            await f.ready.wait()
+            if self._following.get(job_id) is not f:  # its subscription failed meanwhile
+                raise ConnectionError(f"cannot follow plans of job {job_id!r}")
+
+    async def unfollow(self, job_id: str, stream: StreamPlans) -> None:
+        """Stop handing plans of ``job_id`` to ``stream``; the last stream closes the subscription."""
+        f = self._following.get(job_id)
+        if f is None:
+            return
+        f.streams.discard(stream)
+        if not f.streams and f.ready.is_set():
+            self._following.pop(job_id, None)
+            if f.task is not None:
+                f.task.cancel()
+            if f.sub is not None:
+                await f.sub.close()
+
+    async def _forward(self, job_id: str, f: _Following) -> None:
+        try:
+            async for _channel, payload in f.sub:
+                try:
+                    pub = self.published(job_id, payload)
+                except ValueError as exc:  # WireError: not a plan this replica can send
+                    log.error("plan published on plans.%s dropped: %s", job_id, exc)
+                    continue
+                for stream in list(f.streams):
+                    message = stream._send(job_id, pub)
+                    if message is not None:
+                        stream.out.put_nowait(message)
+        finally:
+            if self._following.get(job_id) is f and f.streams:  # not an unfollow: the bus failed
+                self._following.pop(job_id, None)
+                log.warning("subscription to plans.%s ended: %d stream(s) get no new plans until "
+                          "they reconnect", job_id, len(f.streams))
 
     def published(self, job_id: str, payload: bytes) -> Published:
         """The shared messages of a plan published on the bus (a serialized full
@@ -103,8 +170,18 @@ class StreamPlans:
     def __init__(self, cache: PlanCache, out: asyncio.Queue):
         self.cache = cache
         self.out = out
+        self.following = ""  # the job whose plans this stream gets
         self.job_id = ""
         self.epoch = 0  # epoch of the last plan delivered on this stream (0: none)
+
+    async def follow(self, job_id: str) -> None:
+        """Get the plans of ``job_id`` from now on ("": none); a stream follows one job."""
+        if self.following:
+            await self.cache.unfollow(self.following, self)
+            self.following = ""
+        if job_id:
+            await self.cache.follow(job_id, self)
+            self.following = job_id
 
     def _send(self, job_id: str, pub: Published) -> bytes | None:
         """The bytes to send for ``pub`` (None: the stream already has it or a newer plan)."""
@@ -115,10 +192,6 @@ class StreamPlans:
         self.cache.sent["delta" if delta else "full"] += 1
         self.job_id, self.epoch = job_id, pub.epoch
         return pub.delta if delta else pub.full
-
-    def control(self, job_id: str):
-        """The bus callback of ``plans.<job_id>``: a published plan's bytes for this stream."""
-        return lambda payload: self._send(job_id, self.cache.published(job_id, payload))
 
     def forget(self) -> None:
         """The agent may not hold the last plan (it reported one FAILED): the next is full."""

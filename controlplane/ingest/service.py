@@ -89,7 +89,7 @@ class IngestService(rpc.IngestServicer):
         self.clock = clock
         self.tokens = tokens
         self.connected: dict[str, int] = {}  # node_id -> open streams
-        self.plans = planpush.PlanCache()  # shared plan bytes (see planpush)
+        self.plans = planpush.PlanCache(bus)  # shared plan bytes, one subscription per job
 
     async def Connect(self, request_iterator, context):  # noqa: N802 - gRPC method name
         principal = None
@@ -257,9 +257,9 @@ class _Stream:
     async def _follow_job(self) -> None:
         """(Re)subscribe to the job's plans and offload decisions on the bus."""
         await self._unfollow()
+        await self.plans.follow(self.job_id)
         if not self.job_id:
             return
-        await self._follow(f"plans.{self.job_id}", self.plans.control(self.job_id))
         await self._follow(f"offload.{self.job_id}", self._offload_control)
 
     async def _follow(self, channel: str, control: Callable[[bytes], object | None]) -> None:
@@ -373,6 +373,7 @@ class _Stream:
 
     async def close(self) -> None:
         await self._unfollow()
+        await self.plans.follow("")
         if self.node_id is not None:
             n = self.svc.connected.get(self.node_id, 1) - 1
             if n <= 0:
