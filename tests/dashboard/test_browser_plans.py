@@ -106,7 +106,7 @@ def test_approving_a_plan_on_the_page_pushes_it(cluster, browser):
         aio.run(sub.close())
     msg = pb.PlacementPlan.FromString(payload)
     assert channel == f"plans.{sim.job_id}" and msg.epoch == second
-    assert np.array_equal(decode_array(msg.phy2log, "phy2log"), proposed)
+    assert np.array_equal(decode_array(msg.phy2log, "phy2log", kinds="iu"), proposed)
     events = [e["status"] for e in P.plan_events(engine, sim.job_id, second)]
     assert events[-2:] == ["approved", "pushed"]
     assert any(e["detail"] == "approved by operator" for e in P.plan_events(engine, sim.job_id, second))
