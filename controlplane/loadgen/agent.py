@@ -225,8 +225,16 @@ class EmulatedAgent:
             raise _Broken("stream ended")
 
     async def _drain(self, reader) -> None:
-        """Wait (at most DRAIN_S) until every sent message is acknowledged."""
-        if self.pending:
+        """Wait (at most DRAIN_S) until every sent message is acknowledged.
+
+        Checks again after each wake-up: between the last ack and this task resuming, the
+        reader may take a plan and queue its report, which must be sent and acked too (the
+        session closes the stream right after this returns, with no await in between).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DRAIN_S
+        while self.pending and not reader.done() and loop.time() < deadline:
             idle = asyncio.create_task(self.idle.wait())
-            await asyncio.wait([idle, reader], timeout=DRAIN_S, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([idle, reader], timeout=deadline - loop.time(),
+                               return_when=asyncio.FIRST_COMPLETED)
             idle.cancel()
