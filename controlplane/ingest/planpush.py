@@ -91,6 +91,8 @@ class PlanCache:
                 raise
             f.task = asyncio.create_task(self._forward(job_id, f))
             f.ready.set()
+            if not f.streams:  # every stream left while the subscription was being made
+                await self.unfollow(job_id, stream)
         else:
             f.streams.add(stream)
             await f.ready.wait()
@@ -115,7 +117,7 @@ class PlanCache:
             async for _channel, payload in f.sub:
                 try:
                     pub = self.published(job_id, payload)
-                except ValueError as exc:  # WireError: not a plan this replica can send
+                except Exception as exc:  # not a plan (WireError, DecodeError): the next may be
                     log.error("plan published on plans.%s dropped: %s", job_id, exc)
                     continue
                 for stream in list(f.streams):
@@ -126,7 +128,7 @@ class PlanCache:
             if self._following.get(job_id) is f and f.streams:  # not an unfollow: the bus failed
                 self._following.pop(job_id, None)
                 log.warning("subscription to plans.%s ended: %d stream(s) get no new plans until "
-                          "they reconnect", job_id, len(f.streams))
+                            "they reconnect", job_id, len(f.streams))
 
     def published(self, job_id: str, payload: bytes) -> Published:
         """The shared messages of a plan published on the bus (a serialized full

@@ -103,7 +103,6 @@ def test_serve_sends_the_second_plan_as_a_delta_and_a_reconnect_in_full(database
     with running_server(database_url, controller_interval_s=0.05) as srv:
         sent = srv["ingest"].plans.sent
         http = httpx.Client(base_url=f"http://127.0.0.1:{srv['http_port']}/api/v1", timeout=10)
-        http.put("/jobs/j1/policy", json={"mode": "manual", "min_interval_s": 3600})
         sock = tmp_path / "node-0.sock"
         agent = start_agent(tmp_path, srv["grpc_port"], "node-0", "--job-id", "j1", "--ranks", "0-1")
         channel = ranks = None
@@ -112,14 +111,17 @@ def test_serve_sends_the_second_plan_as_a_delta_and_a_reconnect_in_full(database
             channel = grpc.insecure_channel(f"unix:{sock}")
             ranks = [Rank(channel, 0, JOB), Rank(channel, 1, JOB)]
             _wait(lambda: http.get("/jobs/j1").json().get("world_size") == 2, "job geometry")
+            r = http.put("/jobs/j1/policy", json={"mode": "manual", "min_interval_s": 3600})
+            assert r.status_code == 200, r.text  # only the operator's plans below
 
             def push_and_apply(phy2log, epoch_ranks):
                 r = http.post("/jobs/j1/plans", json={"phy2log": phy2log.tolist()})
                 assert r.status_code == 200, r.text
                 epoch = r.json()["epoch"]
                 for rank in epoch_ranks:
-                    plan = next(rank.responses).plan
-                    assert plan.epoch == epoch
+                    control = next(rank.responses)
+                    assert control.WhichOneof("body") == "plan" and control.plan.epoch == epoch, control
+                    plan = control.plan
                     np.testing.assert_array_equal(placement(plan), phy2log)
                     rank.outbox.put(pb.RankMessage(plan_report=pb.PlanReport(
                         job_id="j1", epoch=epoch, state=pb.PLAN_STATE_APPLIED, step=epoch)))
@@ -128,9 +130,9 @@ def test_serve_sends_the_second_plan_as_a_delta_and_a_reconnect_in_full(database
                 return epoch
 
             push_and_apply(P1, ranks)
-            assert (sent["full"], sent["delta"]) == (1, 0)
+            assert (sent["full"], sent["delta"]) == (1, 0), http.get("/jobs/j1/plans").json()
             push_and_apply(P2, ranks)
-            assert (sent["full"], sent["delta"]) == (1, 1)  # the agent rebuilt P2 from the delta
+            assert (sent["full"], sent["delta"]) == (1, 1), http.get("/jobs/j1/plans").json()
             # the agent restarts: its new stream gets the running plan in full, then deltas again
             for rank in ranks:
                 rank.close()

@@ -291,3 +291,16 @@ def test_applied_only_when_every_node_now_in_the_job_reported(cluster):
     a1.send(report(21, epoch, pb.PLAN_STATE_APPLIED, 3))
     aio.run(a1.wait_acks([21]))
     assert http.get(f"/jobs/job-1/plans/{epoch}").json()["status"] == "applied"
+
+
+def test_a_malformed_plan_on_the_bus_does_not_stop_the_job_subscription(cluster):
+    srv, http, a0, a1 = cluster
+    http.put("/jobs/job-1/policy", json={"mode": "manual", "min_interval_s": 3600})
+    send_steps(a0, a1, [0], seq0=1)
+    aio.run(srv["bus"].publish("plans.job-1", b"\xff\xff not a PlacementPlan"))
+    ident = np.tile(np.arange(G * S) % E, (L, 1))
+    r = http.post("/jobs/job-1/plans", json={"phy2log": identity_with_swaps(ident, [(2, 0, 3)]).tolist()})
+    assert r.status_code == 200, r.text
+    for a in (a0, a1):
+        aio.run(a.wait_for(lambda _r, a=a: plans_of(a)))
+        assert [p.epoch for p in plans_of(a)] == [r.json()["epoch"]]
