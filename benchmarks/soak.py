@@ -69,12 +69,21 @@ def main(argv=None) -> int:
     warm = [(t - t0, rss) for t, rss in rows if t - t0 >= 120]
     ts, rss = np.array([w[0] for w in warm]), np.array([w[1] for w in warm], dtype=float) / 2**20
     slope = float(np.polyfit(ts / 3600, rss, 1)[0]) if len(ts) > 2 else None
+    cpu = [r for r in meter.samples if "srv" in r and r["t"] - t0 >= 120]
+    span = cpu[-1]["t"] - cpu[0]["t"] if len(cpu) > 1 else 0.0
+    windows = {}  # RSS median per 5-minute window, MB
+    for t, r in rows:
+        windows.setdefault(int((t - t0) // 300), []).append(r / 2**20)
     result = {
         "commit": commit, "minutes": a.minutes, "nodes": a.nodes,
         "rss_mb_after_warmup_first": float(rss[0]) if len(rss) else None,
         "rss_mb_last": float(rss[-1]) if len(rss) else None,
         "rss_mb_max": float(rss.max()) if len(rss) else None,
         "rss_slope_mb_per_hour": slope,
+        "rss_mb_median_per_5min": [round(float(np.median(v)), 1) for _, v in sorted(windows.items())],
+        # CPU after the 2-minute warm-up, as a share of one core
+        "serve_cpu_share_after_warmup": (cpu[-1]["srv"] - cpu[0]["srv"]) / span if span else None,
+        "postgres_cpu_share_after_warmup": (cpu[-1]["pg"] - cpu[0]["pg"]) / span if span else None,
         "loadgen": _brief(s),
         "rss": rows,
     }
