@@ -179,7 +179,7 @@ class _Stream:
         self.node_id: str | None = None
         self.job_id: str = ""
         self.devices: set[str] = set()  # only grows: a layout checked once stays valid
-        self.checked_layouts: set[tuple[tuple[str, ...], tuple[str, ...]]] = set()
+        self.checked_layouts = v.CheckedLayouts()
         self.in_flight = asyncio.Semaphore(svc.max_in_flight)
         self.follows: list[tuple[object, asyncio.Task]] = []  # bus subscriptions of the job
         self.principal: Principal | None = None  # None: open mode

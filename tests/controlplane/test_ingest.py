@@ -169,3 +169,53 @@ def test_plan_published_on_bus_reaches_the_job_agent(tmp_path):
 
         got = aio.run(script())
         assert got.epoch == 1 and list(got.phy2log.shape) == [4, 8]
+
+
+def test_frames_after_a_checked_layout_are_still_checked(tmp_path):
+    """The stream remembers the layout of its last good frame (and skips re-checking it); a
+    later frame with another layout, or a bad array under the same layout, is still rejected
+    with the field named, and the good frames around it are stored."""
+    good_values = [[0.5, 1e9, 60.0], [0.6, 2e9, 61.0]]
+    foreign = samples(3)
+    foreign.samples.device_ids[1] = "node-9/gpu1"
+    renamed = samples(4)
+    renamed.samples.metrics[2] = "temp\x01"
+    bad = {
+        2: samples(2, values=[[np.inf, 1, 1], [1, 1, 1]]),  # same layout, infinite value
+        3: foreign,
+        4: renamed,
+        5: samples(5, values=[[1, 1, 1], [1, 1, 1], [1, 1, 1]]),  # 3 rows for 2 devices
+    }
+    with running_server(f"sqlite:///{tmp_path / 'l.sqlite'}") as srv:
+
+        async def script():
+            async with ScriptedAgent(srv["grpc_port"]) as agent:
+                agent.send(hello())
+                agent.send(samples(1, values=good_values))
+                for msg in bad.values():
+                    agent.send(msg)
+                agent.send(samples(6, ts=1001.0, values=good_values))
+                return await agent.wait_acks([1, 2, 3, 4, 5, 6])
+
+        acks = aio.run(script())
+        assert acks[1].code == 0 and acks[6].code == 0
+        assert [acks[s].code for s in bad] == [INVALID_ARGUMENT] * len(bad)
+        assert "infinity" in acks[2].message and "samples.values" in acks[2].message
+        assert "samples.device_ids[1]" in acks[3].message
+        assert "samples.metrics[2]" in acks[4].message
+        assert "samples.values.shape" in acks[5].message
+        assert q.count_rows(srv["engine"], "sample_frames") == 2
+
+
+def test_frames_of_one_layout_share_its_tuples():
+    from controlplane.ingest import validate as v
+
+    checked = v.CheckedLayouts()
+    devices = {"node-0/gpu0", "node-0/gpu1"}
+    a = v.samples_record(samples(1).samples, node_id="node-0", seq=1, known_devices=devices,
+                         checked_layouts=checked)
+    b = v.samples_record(samples(2).samples, node_id="node-0", seq=2, known_devices=devices,
+                         checked_layouts=checked)
+    assert a.device_ids is b.device_ids and a.metrics is b.metrics
+    assert b.device_ids == ("node-0/gpu0", "node-0/gpu1") and b.values.shape == (2, 3)
+    assert len(checked.layouts) == 1
