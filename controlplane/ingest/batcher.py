@@ -33,6 +33,13 @@ class Batcher:
         max_pending_bytes: array bytes (loads counts, sample values) admitted but not yet
             committed; ``admit`` waits while over it, so a slow store stops the streams'
             reads and gRPC flow control slows the agents instead of memory growing.
+        samples_linger_s: while every waiting record is a device-samples frame, linger this
+            long in all (seconds, >= ``linger_s``; None: 5 x ``linger_s``, 0.1 s by default);
+            any other record ends the wait at once.
+            1,024 nodes sampling at 1 Hz, each on its own phase, made ~25-frame transactions
+            with ``linger_s`` alone, and a transaction's fixed cost (begin, claim, COPY,
+            newest-frame upsert, commit: ~0.5 ms of ours and as much of PostgreSQL's) then
+            outweighed the frames' own; telemetry acks wait up to this much longer.
     """
 
     def __init__(
@@ -42,12 +49,20 @@ class Batcher:
         max_batch: int = 512,
         linger_s: float = 0.02,
         max_pending_bytes: int = 64 << 20,
+        samples_linger_s: float | None = None,
     ):
         self._write = write
         self._max_batch = max_batch
         if linger_s < 0:
             raise ValueError(f"linger_s: must be >= 0, got {linger_s}")
         self._linger_s = linger_s
+        if samples_linger_s is None:
+            samples_linger_s = 5 * linger_s
+        if samples_linger_s < linger_s:
+            raise ValueError(f"samples_linger_s: must be >= linger_s ({linger_s}), got {samples_linger_s}")
+        self._samples_linger_s = samples_linger_s
+        self._others = 0  # queued records that are not samples frames
+        self._samples_only_wait = False  # lingering past linger_s: a non-sample record ends it
         self._full = asyncio.Event()
         self._ready = asyncio.Event()  # set while records wait
         if max_pending_bytes < 1:
@@ -73,6 +88,10 @@ class Batcher:
     def _put(self, record: SequencedRecord, size: int, done: Done) -> None:
         self._queue.append((record, size, done))
         self._ready.set()
+        if type(record) is not SamplesRecord:
+            self._others += 1
+            if self._samples_only_wait:
+                self._full.set()
         if len(self._queue) >= self._max_batch:
             self._full.set()
 
@@ -144,8 +163,18 @@ class Batcher:
                 self._full.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._full.wait(), self._linger_s)
+            extra = self._samples_linger_s - self._linger_s
+            if extra > 0 and not self._others and len(queue) < self._max_batch:
+                self._full.clear()
+                self._samples_only_wait = True
+                try:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._full.wait(), extra)
+                finally:
+                    self._samples_only_wait = False
             batch = [queue.popleft() for _ in range(min(len(queue), self._max_batch))]
             records = [r for r, _, _ in batch]
+            self._others -= sum(type(r) is not SamplesRecord for r in records)
             try:
                 results: list[bool | BaseException] = await asyncio.to_thread(self._write, records)
             except Exception:  # noqa: BLE001 - isolate the bad record: retry one by one
