@@ -9,6 +9,7 @@ deposed leader cannot create or publish (fencing).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 
 import numpy as np
@@ -245,6 +246,9 @@ def latest_plan(engine: Engine, job_id: str, statuses: tuple[PlanStatus, ...]) -
     return None if row is None else _plan_dict(row, True)
 
 
+REPORT_STATES = ("received", "applied", "failed")
+
+
 def record_report(
     engine: Engine, job_id: str, epoch: int, node_id: str, state: str, step: int, error: str = "", clock=None
 ) -> dict:
@@ -252,7 +256,30 @@ def record_report(
 
     Raises NotFound for an unknown plan, PermissionError for a node outside the job.
     A plan is applied once every node of the job has reported applied; failed on the first
-    failure.
+    failure. The one-report case of ``record_reports``.
+    """
+    outcome = record_reports(engine, job_id, epoch, [(node_id, state, step, error)], clock)[0]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def record_reports(
+    engine: Engine, job_id: str, epoch: int, reports: Sequence[tuple[str, str, int, str]], clock=None
+) -> list[dict | Exception]:
+    """Many agents' reports on one pushed plan, in ONE transaction; an outcome per report.
+
+    ``reports``: (node_id, state, step, error) tuples, in arrival order; ``state`` one of
+    received | applied | failed, ``step`` the training step (int), ``error`` free text.
+    Returns, in the same order, what ``record_report`` returns for that report (a dict with
+    ``status``, and ``waiting_for`` while nodes are missing) or the exception it would raise:
+    NotFound (unknown plan: every report), PermissionError (node outside the job),
+    ValueError (unknown state). A bad report fails only itself; its event is not stored.
+
+    The outcome is what applying the reports one by one in this order gives: the plan fails
+    at the first failed report while it is pushed; it is applied at the report that completes
+    the set of the job's nodes with an applied report (earlier reports included). The plan row
+    is locked once, membership is one query, the events go in one executemany.
     """
     now = _now(clock)
     with engine.begin() as conn:
@@ -261,59 +288,78 @@ def record_report(
             .where(t.plans.c.job_id == job_id, t.plans.c.epoch == epoch).with_for_update()
         ).first()
         if plan is None:
-            raise NotFound(f"plan {epoch} of job {job_id!r}")
-        node_job = conn.execute(sa.select(t.nodes.c.job_id).where(t.nodes.c.node_id == node_id)).scalar()
-        if node_job != job_id:
-            raise PermissionError(f"node {node_id!r} is not part of job {job_id!r}")
-        _event(conn, job_id, epoch, f"node_{state}", now, node_id=node_id, step=step, detail=error)
-        if plan.status != str(PlanStatus.PUSHED):
-            return {"status": plan.status}
-        if state == "failed":
-            conn.execute(
-                sa.update(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch == epoch)
-                .values(status=str(PlanStatus.FAILED), updated_at=now)
-            )
-            _event(conn, job_id, epoch, PlanStatus.FAILED, now, node_id=node_id, step=step, detail=error)
-            return {"status": str(PlanStatus.FAILED)}
-        if state != "applied":
-            return {"status": plan.status}
-        # Every report of a 1,024-node job gets here: count first (two aggregates, no rows to
-        # Python, no join whose plan depends on table statistics); fewer nodes that applied
-        # than nodes in the job means some node of the job is still missing. Only when the
-        # counts allow it, compare the sets (a node that left the job may have reported).
-        n_nodes = conn.execute(
-            sa.select(sa.func.count()).select_from(t.nodes).where(t.nodes.c.job_id == job_id)
-        ).scalar()
-        applied_events = (
-            t.plan_events.c.job_id == job_id, t.plan_events.c.epoch == epoch,
-            t.plan_events.c.status == "node_applied",
-        )
-        n_applied = conn.execute(
-            sa.select(sa.func.count(sa.distinct(t.plan_events.c.node_id))).where(*applied_events)
-        ).scalar()
-        if n_applied < n_nodes:
-            return {"status": plan.status, "waiting_for": n_nodes - n_applied}
-        nodes = set(conn.execute(sa.select(t.nodes.c.node_id).where(t.nodes.c.job_id == job_id)).scalars())
-        applied = set(conn.execute(sa.select(t.plan_events.c.node_id).where(*applied_events)).scalars())
-        if not nodes <= applied:
-            return {"status": plan.status, "waiting_for": len(nodes - applied)}
-        conn.execute(
-            sa.update(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch == epoch)
-            .values(status=str(PlanStatus.APPLIED), applied_step=step, updated_at=now)
-        )
-        _event(conn, job_id, epoch, PlanStatus.APPLIED, now, step=step)
-        # the placement it replaced is no longer running
-        prev = conn.execute(
-            sa.select(t.plans.c.epoch).where(
-                t.plans.c.job_id == job_id, t.plans.c.epoch < epoch, t.plans.c.status == str(PlanStatus.APPLIED)
-            )
-        ).scalars().all()
-        for old in prev:
-            new_status = PlanStatus.ROLLED_BACK if plan.kind == "rollback" and old > plan.base_epoch else None
-            if new_status is not None:
-                conn.execute(
-                    sa.update(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch == old)
-                    .values(status=str(new_status), updated_at=now)
+            return [NotFound(f"plan {epoch} of job {job_id!r}") for _ in reports]
+        asked = {r[0] for r in reports}
+        member = set(conn.execute(
+            sa.select(t.nodes.c.node_id).where(t.nodes.c.node_id.in_(asked), t.nodes.c.job_id == job_id)
+        ).scalars()) if asked else set()
+        outcomes: list[dict | Exception] = []
+        events: list[dict] = []  # plan_events rows in the order one-by-one reports would write them
+        status = plan.status
+        nodes: set[str] | None = None  # the job's nodes and those with an applied report: read
+        applied: set[str] = set()  # on the first applied report of a pushed plan
+        applied_step = None
+
+        def event(status_, *, node_id=None, step=None, detail="", of_epoch=epoch):
+            events.append({"job_id": job_id, "epoch": of_epoch, "ts": now, "status": str(status_),
+                           "node_id": node_id, "step": step, "detail": detail})
+
+        for node_id, state, step, error in reports:
+            if state not in REPORT_STATES:
+                outcomes.append(ValueError(
+                    f"plan report of node {node_id!r}: state {state!r} is not one of {', '.join(REPORT_STATES)}"))
+                continue
+            if node_id not in member:
+                outcomes.append(PermissionError(f"node {node_id!r} is not part of job {job_id!r}"))
+                continue
+            event(f"node_{state}", node_id=node_id, step=step, detail=error)
+            if status != str(PlanStatus.PUSHED):
+                outcomes.append({"status": status})
+            elif state == "failed":
+                status = str(PlanStatus.FAILED)
+                event(PlanStatus.FAILED, node_id=node_id, step=step, detail=error)
+                outcomes.append({"status": status})
+            elif state != "applied":
+                outcomes.append({"status": status})
+            else:
+                if nodes is None:
+                    nodes = set(conn.execute(
+                        sa.select(t.nodes.c.node_id).where(t.nodes.c.job_id == job_id)).scalars())
+                    applied = set(conn.execute(sa.select(t.plan_events.c.node_id).where(
+                        t.plan_events.c.job_id == job_id, t.plan_events.c.epoch == epoch,
+                        t.plan_events.c.status == "node_applied",
+                    )).scalars())
+                applied.add(node_id)
+                missing = len(nodes - applied)
+                if missing:
+                    outcomes.append({"status": status, "waiting_for": missing})
+                else:
+                    status, applied_step = str(PlanStatus.APPLIED), step
+                    event(PlanStatus.APPLIED, step=step)
+                    outcomes.append({"status": status})
+        if status == str(PlanStatus.APPLIED) and applied_step is not None:
+            # the placement it replaced is no longer running
+            prev = conn.execute(
+                sa.select(t.plans.c.epoch).where(
+                    t.plans.c.job_id == job_id, t.plans.c.epoch < epoch,
+                    t.plans.c.status == str(PlanStatus.APPLIED),
                 )
-                _event(conn, job_id, old, new_status, now, detail=f"rolled back by epoch {epoch}")
-        return {"status": str(PlanStatus.APPLIED)}
+            ).scalars().all()
+            rolled = [old for old in prev if plan.kind == "rollback" and old > plan.base_epoch]
+            if rolled:
+                conn.execute(
+                    sa.update(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch.in_(rolled))
+                    .values(status=str(PlanStatus.ROLLED_BACK), updated_at=now)
+                )
+            for old in rolled:
+                event(PlanStatus.ROLLED_BACK, detail=f"rolled back by epoch {epoch}", of_epoch=old)
+        if status != plan.status:
+            values = {"status": status, "updated_at": now}
+            if status == str(PlanStatus.APPLIED):
+                values["applied_step"] = applied_step
+            conn.execute(
+                sa.update(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch == epoch).values(**values)
+            )
+        if events:
+            conn.execute(sa.insert(t.plan_events), events)
+    return outcomes

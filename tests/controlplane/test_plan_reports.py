@@ -1,0 +1,166 @@
+"""Plan reports recorded in batches: plans.record_reports (one transaction, an outcome per
+report) and the ingest coalescer that feeds it, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from controlplane.ingest.planreports import PlanReports
+from controlplane.store import plans as P
+from controlplane.store.engine import make_engine
+from controlplane.store.migrate import upgrade
+from controlplane.store.queries import NotFound
+from controlplane.store.records import DeviceRecord, HelloRecord, JobRecord
+from controlplane.store.writes import StoreWriter
+
+NODES = [f"n{i}" for i in range(4)]
+
+
+def _hello(node: str, job: str) -> HelloRecord:
+    return HelloRecord(
+        node, "h", "v", job, (2 * int(node[1:]), 2 * int(node[1:]) + 1),
+        tuple(DeviceRecord(f"{node}/gpu{i}", i, "sim", "m", 1 << 30, i) for i in range(2)),
+        JobRecord(job, layers=2, experts=8), 1.0,
+    )
+
+
+@pytest.fixture
+def engine(database_url):
+    upgrade(database_url)
+    eng = make_engine(database_url)
+    w = StoreWriter(eng)
+    for n in NODES:
+        w.register_hello(_hello(n, "j"))
+    w.register_hello(_hello("n9", "other"))  # a node of another job
+    yield eng
+    eng.dispose()
+
+
+def pushed_plan(engine, kind="rebalance", base_epoch=0) -> int:
+    phy2log = np.tile(np.arange(8, dtype=np.int64), (2, 1))  # [L=2, G*S=8]
+    epoch = P.create_plan(engine, "j", phy2log, world_size=8, slots_per_rank=1, kind=kind,
+                          base_epoch=base_epoch)
+    P.transition(engine, "j", epoch, P.PlanStatus.APPROVED, allowed_from=(P.PlanStatus.PROPOSED,))
+    P.transition(engine, "j", epoch, P.PlanStatus.PUSHED, allowed_from=(P.PlanStatus.APPROVED,))
+    return epoch
+
+
+def statuses(engine, epoch) -> list[tuple[str, str | None]]:
+    return [(e["status"], e["node_id"]) for e in P.plan_events(engine, "j", epoch)]
+
+
+def test_outsider_fails_only_itself(engine):
+    epoch = pushed_plan(engine)
+    out = P.record_reports(engine, "j", epoch, [
+        ("n0", "applied", 7, ""), ("n9", "applied", 7, ""), ("ghost", "received", 7, ""),
+        ("n1", "applied", 7, ""),
+    ])
+    assert out[0] == {"status": "pushed", "waiting_for": 3}
+    assert isinstance(out[1], PermissionError) and "'n9'" in str(out[1]) and "'j'" in str(out[1])
+    assert isinstance(out[2], PermissionError) and "'ghost'" in str(out[2])
+    assert out[3] == {"status": "pushed", "waiting_for": 2}
+    assert statuses(engine, epoch)[-2:] == [("node_applied", "n0"), ("node_applied", "n1")]
+    assert P.get_plan(engine, "j", epoch)["status"] == "pushed"
+
+
+def test_unknown_plan_and_state(engine):
+    out = P.record_reports(engine, "j", 99, [("n0", "applied", 1, ""), ("n1", "failed", 1, "x")])
+    assert all(isinstance(o, NotFound) for o in out) and "plan 99" in str(out[0])
+    with pytest.raises(NotFound):
+        P.record_report(engine, "j", 99, "n0", "applied", 1)
+    epoch = pushed_plan(engine)
+    out = P.record_reports(engine, "j", epoch, [("n0", "done", 1, ""), ("n1", "received", 1, "")])
+    assert isinstance(out[0], ValueError) and "'done'" in str(out[0])
+    assert out[1] == {"status": "pushed"}
+
+
+def test_batch_completing_the_job_applies_once(engine):
+    epoch = pushed_plan(engine)
+    assert P.record_report(engine, "j", epoch, "n0", "applied", 5) == {"status": "pushed", "waiting_for": 3}
+    # n1 twice (two streams of one node) and a late received after the completing report
+    out = P.record_reports(engine, "j", epoch, [
+        ("n1", "applied", 5, ""), ("n1", "applied", 5, ""), ("n2", "applied", 5, ""),
+        ("n3", "applied", 6, ""), ("n2", "received", 6, ""),
+    ])
+    assert out == [{"status": "pushed", "waiting_for": 2}, {"status": "pushed", "waiting_for": 2},
+                   {"status": "pushed", "waiting_for": 1}, {"status": "applied"}, {"status": "applied"}]
+    plan = P.get_plan(engine, "j", epoch)
+    assert plan["status"] == "applied" and plan["applied_step"] == 6
+    ev = statuses(engine, epoch)
+    assert [s for s, _ in ev].count("applied") == 1
+    assert ev[-2:] == [("applied", None), ("node_received", "n2")]  # the order one by one gives
+    # more reports after it is applied change nothing
+    assert P.record_reports(engine, "j", epoch, [("n0", "applied", 9, "")]) == [{"status": "applied"}]
+    assert [s for s, _ in statuses(engine, epoch)].count("applied") == 1
+
+
+def test_failed_report_in_batch_fails_the_plan(engine):
+    epoch = pushed_plan(engine)
+    out = P.record_reports(engine, "j", epoch, [
+        ("n0", "applied", 5, ""), ("n1", "failed", 5, "out of memory"), ("n2", "applied", 5, ""),
+        ("n3", "applied", 5, ""),
+    ])
+    assert out == [{"status": "pushed", "waiting_for": 3}, {"status": "failed"},
+                   {"status": "failed"}, {"status": "failed"}]
+    plan = P.get_plan(engine, "j", epoch)
+    assert plan["status"] == "failed" and plan["applied_step"] is None
+    failed = [e for e in P.plan_events(engine, "j", epoch) if e["status"] == "failed"]
+    assert len(failed) == 1 and failed[0]["node_id"] == "n1" and failed[0]["detail"] == "out of memory"
+
+
+def test_failure_after_the_completing_report_does_not_undo_applied(engine):
+    epoch = pushed_plan(engine)
+    out = P.record_reports(engine, "j", epoch, [(n, "applied", 3, "") for n in NODES]
+                           + [("n0", "failed", 4, "late")])
+    assert out[-2:] == [{"status": "applied"}, {"status": "applied"}]
+    assert P.get_plan(engine, "j", epoch)["status"] == "applied"
+
+
+def test_rollback_plan_applied_in_a_batch_rolls_back_later_plans(engine):
+    first = pushed_plan(engine)
+    P.record_reports(engine, "j", first, [(n, "applied", 1, "") for n in NODES])
+    second = pushed_plan(engine)
+    P.record_reports(engine, "j", second, [(n, "applied", 2, "") for n in NODES])
+    back = pushed_plan(engine, kind="rollback", base_epoch=first)
+    assert P.record_reports(engine, "j", back, [(n, "applied", 3, "") for n in NODES])[-1] == {"status": "applied"}
+    assert P.get_plan(engine, "j", second)["status"] == "rolled_back"
+    assert P.get_plan(engine, "j", first)["status"] == "applied"
+
+
+def test_coalescer_records_concurrent_reports_in_one_transaction(engine):
+    epoch = pushed_plan(engine)
+
+    async def main():
+        co = PlanReports(engine, linger_s=0.05)
+        results = await asyncio.gather(
+            *(co.record("j", epoch, n, "applied", 8) for n in NODES),
+            co.record("j", epoch, "n9", "applied", 8),
+            return_exceptions=True,
+        )
+        return co, results
+
+    co, results = asyncio.run(main())
+    assert co.transactions == 1 and co.reports == 5
+    assert results[:3] == [{"status": "pushed", "waiting_for": k} for k in (3, 2, 1)]
+    assert results[3] == {"status": "applied"}
+    assert isinstance(results[4], PermissionError)
+    assert P.get_plan(engine, "j", epoch)["status"] == "applied"
+
+
+def test_coalescer_splits_at_max_batch_and_bad_args(engine):
+    epoch = pushed_plan(engine)
+
+    async def main():
+        co = PlanReports(engine, linger_s=0.05, max_batch=2)
+        results = await asyncio.gather(*(co.record("j", epoch, n, "received", 1) for n in NODES))
+        return co, results
+
+    co, results = asyncio.run(main())
+    assert co.transactions == 2 and results == [{"status": "pushed"}] * 4
+    with pytest.raises(ValueError, match="linger_s"):
+        PlanReports(engine, linger_s=-1)
+    with pytest.raises(ValueError, match="max_batch"):
+        PlanReports(engine, max_batch=0)
