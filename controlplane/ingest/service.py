@@ -23,10 +23,10 @@ import grpc
 from controlplane.auth.streams import IngestDenied, authenticate_stream, check_node
 from controlplane.auth.tokens import Principal, TokenStore
 from controlplane.ingest import memory as m
-from controlplane.ingest import planpush
+from controlplane.ingest import planpush, planreports
 from controlplane.ingest import validate as v
 from controlplane.ingest.batcher import Batcher
-from controlplane.store import memory_profiles, offload, plans
+from controlplane.store import memory_profiles, offload
 from controlplane.store.queries import NotFound
 from controlplane.store.records import MarkerRecord
 from controlplane.store.writes import StoreWriter
@@ -330,9 +330,9 @@ class _Stream:
         if r.state == pb.PLAN_STATE_FAILED:
             self.plans.forget()  # the agent may lack the plan a delta would build on
         try:
-            await asyncio.to_thread(
-                plans.record_report, self.svc.writer.engine, r.job_id, r.epoch, self.node_id,
-                states[r.state], r.step, r.error[:2000], self.svc.clock,
+            # one transaction per batch of reports of this plan (1,024 agents report at once)
+            await planreports.for_owner(self.svc, self.svc.writer.engine, self.svc.clock).record(
+                r.job_id, r.epoch, self.node_id, states[r.state], r.step, r.error[:2000],
             )
         except NotFound as exc:
             raise WireError("plan_report.epoch", str(exc)) from exc
