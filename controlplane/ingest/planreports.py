@@ -5,7 +5,8 @@ recorded one transaction each (plan row lock, membership read, event insert, two
 took 75 % of the server's sampled time while the plan was still being sent. Here the first
 report of a (job, epoch) opens a short window (``linger_s``, or until ``max_batch`` are
 queued); then one ``plans.record_reports`` call in a worker thread records the whole batch,
-and each caller gets its own report's outcome (or exception) back.
+and each caller gets its own report's outcome (or exception) back. One batch of a plan records
+at a time: reports that arrive meanwhile join the open batch and go in the next transaction.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ class PlanReports:
         self.clock = clock
         self.linger_s = linger_s
         self.max_batch = max_batch
-        self._open: dict[tuple[str, int], _Batch] = {}
+        self._open: dict[tuple[str, int], _Batch] = {}  # batches still taking reports
+        # [lock held while a batch of the plan records, batches using it]
+        self._running: dict[tuple[str, int], list] = {}
         self._tasks: set[asyncio.Task] = set()
         self.transactions = 0  # batches recorded (for tests and benchmarks)
         self.reports = 0
@@ -79,8 +82,23 @@ class PlanReports:
         if not batch.full.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(batch.full.wait(), self.linger_s)
-            if self._open.get(key) is batch:
-                del self._open[key]
+        # one transaction of a plan at a time (they would queue on its row lock anyway):
+        # reports arriving while the previous one runs join this batch (group commit)
+        gate = self._running.get(key)
+        if gate is None:
+            gate = self._running[key] = [asyncio.Lock(), 0]
+        gate[1] += 1
+        try:
+            async with gate[0]:
+                if self._open.get(key) is batch:
+                    del self._open[key]
+                await self._record(key, batch)
+        finally:
+            gate[1] -= 1
+            if gate[1] == 0:
+                del self._running[key]
+
+    async def _record(self, key: tuple[str, int], batch: _Batch) -> None:
         try:
             outcomes = await asyncio.to_thread(
                 plans.record_reports, self.engine, key[0], key[1], batch.reports, self.clock

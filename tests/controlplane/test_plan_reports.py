@@ -164,3 +164,40 @@ def test_coalescer_splits_at_max_batch_and_bad_args(engine):
         PlanReports(engine, linger_s=-1)
     with pytest.raises(ValueError, match="max_batch"):
         PlanReports(engine, max_batch=0)
+
+
+def test_reports_arriving_while_a_batch_records_go_in_one_next_transaction(engine, monkeypatch):
+    import threading
+
+    from controlplane.ingest import planreports
+
+    epoch = pushed_plan(engine)
+    started, release, sizes = threading.Event(), threading.Event(), []
+    real = P.record_reports
+
+    def gated(engine_, job_id, epoch_, reports, clock=None):
+        sizes.append(len(reports))
+        if len(sizes) == 1:
+            started.set()
+            assert release.wait(30), "test never released the first batch"
+        return real(engine_, job_id, epoch_, reports, clock)
+
+    monkeypatch.setattr(planreports.plans, "record_reports", gated)
+
+    async def main():
+        co = PlanReports(engine, linger_s=0.0)
+        first = asyncio.create_task(co.record("j", epoch, "n0", "applied", 1))
+        assert await asyncio.to_thread(started.wait, 30)  # the first batch is in its transaction
+        rest = [asyncio.create_task(co.record("j", epoch, "n1", "applied", 1))]
+        for _ in range(100):  # ample loop turns for n1's batch to end its 0 s window
+            await asyncio.sleep(0)
+        # n1's batch waits for the first one's transaction, still taking reports
+        rest += [asyncio.create_task(co.record("j", epoch, n, "applied", 1)) for n in NODES[2:]]
+        for _ in range(100):
+            await asyncio.sleep(0)
+        release.set()
+        return co, await asyncio.gather(first, *rest)
+
+    co, results = asyncio.run(main())
+    assert sizes == [1, 3] and co.transactions == 2
+    assert results[-1] == {"status": "applied"}
