@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import weakref
 from collections.abc import Callable
 
 from sqlalchemy.engine import Engine
@@ -119,14 +118,3 @@ class PlanReports:
                 fut.set_exception(outcome)
             else:
                 fut.set_result(outcome)
-
-
-_by_owner: weakref.WeakKeyDictionary[object, PlanReports] = weakref.WeakKeyDictionary()
-
-
-def for_owner(owner: object, engine: Engine, clock: Callable[[], float] | None = None) -> PlanReports:
-    """The coalescer of ``owner`` (an ingest service), made on first use; dropped with it."""
-    coalescer = _by_owner.get(owner)
-    if coalescer is None:
-        coalescer = _by_owner[owner] = PlanReports(engine, clock)
-    return coalescer

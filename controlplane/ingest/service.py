@@ -90,6 +90,7 @@ class IngestService(rpc.IngestServicer):
         self.tokens = tokens
         self.connected: dict[str, int] = {}  # node_id -> open streams
         self.plans = planpush.PlanCache(bus)  # shared plan bytes, one subscription per job
+        self.plan_reports = planreports.PlanReports(writer.engine, clock)  # one transaction per batch
 
     async def Connect(self, request_iterator, context):  # noqa: N802 - gRPC method name
         principal = None
@@ -331,7 +332,7 @@ class _Stream:
             self.plans.forget()  # the agent may lack the plan a delta would build on
         try:
             # one transaction per batch of reports of this plan (1,024 agents report at once)
-            await planreports.for_owner(self.svc, self.svc.writer.engine, self.svc.clock).record(
+            await self.svc.plan_reports.record(
                 r.job_id, r.epoch, self.node_id, states[r.state], r.step, r.error[:2000],
             )
         except NotFound as exc:
