@@ -127,6 +127,8 @@ def one(agents: int, a, tmp: Path) -> list[dict]:
             def rounds(targets: list[int]) -> dict[int, float]:
                 pushed = {}
                 for i in range(a.rounds):
+                    if i and a.settle_s:
+                        time.sleep(a.settle_s)  # pacing between plans, not waiting on a state
                     r = http.post(f"/jobs/{JOB}/rollback", json={"epoch": targets[i % 2]})
                     r.raise_for_status()
                     epoch = r.json()["epoch"]
@@ -178,6 +180,10 @@ def main(argv=None) -> int:
     ap.add_argument("--experts", type=int, default=256)
     ap.add_argument("--moves", type=float, default=0.05, help="share of slots an incremental plan moves")
     ap.add_argument("--lg-processes", type=int, default=2)
+    ap.add_argument("--settle-s", type=float, default=0.0,
+                    help="pause between a round's plan being applied and the next push (seconds); the "
+                         "control loop itself spaces plans by its minimum interval (10 s by default). 0: back to back, "
+                         "so a round can overlap the acks and report handling of the one before")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
