@@ -1,6 +1,6 @@
 """Run every benchmark of docs/benchmarks.md, one after another (``make bench``).
 
-    .venv/bin/python benchmarks/run_all.py            # all of them (about an hour on 2 cores)
+    .venv/bin/python benchmarks/run_all.py            # all of them (about 1.5 hours on 2 cores)
     .venv/bin/python benchmarks/run_all.py --list     # names and commands
     .venv/bin/python benchmarks/run_all.py --only planner fanout
 
@@ -29,6 +29,8 @@ BENCHMARKS: dict[str, list[str]] = {
     "durability": [PY, "-m", "benchmarks.durability", "--nodes", "32", "--duration", "40", "--kill-at", "15"],
     "replicas": [PY, "-m", "benchmarks.replicas", "--nodes", "64", "--step-time", "0.08", "--duration", "25",
                  "--lg-processes", "3"],
+    "soak": [PY, "-m", "benchmarks.soak", "--minutes", "30", "--nodes", "64", "--sample-nodes", "1024",
+             "--lg-processes", "2", "--out", "benchmarks/results/soak.json"],
     "fanout": [PY, "-m", "benchmarks.fanout", "--agents", "256", "1024", "--rounds", "20",
                "--out", "benchmarks/results/fanout.md"],
     "agent": [PY, "-m", "benchmarks.agent", "--seconds", "60", "--out", "benchmarks/results/agent.md"],
