@@ -185,6 +185,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-in-flight", type=int, default=64)
     ap.add_argument("--per-node", action="store_true",
                     help="one ExpertLoads per node per step (agent-side aggregation) instead of per rank")
+    ap.add_argument("--freshness-with-samples", action="store_true",
+                    help="in the freshness scenario the loads' nodes also sample 8 devices x 16 metrics "
+                         "at 1 Hz (what a node agent sends), not loads alone")
     ap.add_argument("--with-controller", action="store_true",
                     help="keep the rebalancing controller running (it plans for the emulated job)")
     ap.add_argument("--skip", default="", help="comma-separated scenarios to skip")
@@ -220,8 +223,12 @@ def main(argv=None) -> int:
             print("copy-samples", res["copy-samples"], flush=True)
     if "freshness" not in skip:
         with pg_database() as url:
+            lg_args = lg_loads_args(a)
+            if a.freshness_with_samples:
+                at = lg_args.index("--sample-interval")
+                lg_args[at + 1] = "1"
             res["freshness-pg"] = scenario_cp(
-                a, tmp, url, "freshness-pg", lg_loads_args(a),
+                a, tmp, url, "freshness-pg", lg_args,
                 during_factory=freshness_poller(a.nodes * (1 if a.per_node else 8), fresh))
             res["freshness-pg"]["freshness"] = percentiles(fresh) | {"steps": len(fresh)}
             print("freshness", res["freshness-pg"]["freshness"], flush=True)
