@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
-from tests.agents.procs import reap
+from tests.agents.fake_ingest import FakeIngest
+from tests.agents.procs import reap, start_agent, stop, wait_path
+from tests.conftest import free_port
 
 
 @pytest.fixture(autouse=True)
 def _no_leftover_processes():
     yield
     reap()
+
+
+@pytest.fixture
+def local_agent(tmp_path):
+    """A real agent process (node-0, job j1, ranks 0-1) uplinked to a FakeIngest: yields
+    (ingest, channel), the channel to the agent's NodeLocal Unix socket."""
+    ingest = FakeIngest(free_port()).start()
+    agent = start_agent(tmp_path, ingest.port, "node-0", "--job-id", "j1", "--ranks", "0-1")
+    channel = None
+    try:
+        wait_path(tmp_path / "node-0.sock", agent)
+        channel = grpc.insecure_channel(f"unix:{tmp_path / 'node-0.sock'}")
+        yield ingest, channel
+    finally:
+        if channel is not None:
+            channel.close()
+        code = stop(agent)
+        ingest.stop()
+    assert code == 0

@@ -11,9 +11,6 @@ import pytest
 from controlplane.wire import moeplane_pb2 as pb
 from controlplane.wire import moeplane_pb2_grpc as pb_grpc
 from controlplane.wire.arrays import decode_array, encode_array
-from tests.agents.fake_ingest import FakeIngest
-from tests.agents.procs import start_agent, stop, wait_path
-from tests.conftest import free_port
 
 JOB = pb.JobSpec(job_id="j1", layers=2, experts=4, top_k=1, world_size=2, slots_per_rank=2,
                  ranks_per_node=2)
@@ -38,25 +35,8 @@ class Rank:
         self.outbox.put(None)
 
 
-@pytest.fixture
-def setup(tmp_path):
-    ingest = FakeIngest(free_port()).start()
-    agent = start_agent(tmp_path, ingest.port, "node-0", "--job-id", "j1", "--ranks", "0-1")
-    channel = None
-    try:
-        wait_path(tmp_path / "node-0.sock", agent)
-        channel = grpc.insecure_channel(f"unix:{tmp_path / 'node-0.sock'}")
-        yield ingest, channel
-    finally:
-        if channel is not None:
-            channel.close()
-        code = stop(agent)
-        ingest.stop()
-    assert code == 0
-
-
-def test_bad_step_is_rejected_on_the_stream_and_good_steps_are_summed(setup):
-    ingest, channel = setup
+def test_bad_step_is_rejected_on_the_stream_and_good_steps_are_summed(local_agent):
+    ingest, channel = local_agent
     r0, r1 = Rank(channel, 0), Rank(channel, 1)
     r0.step(0, np.ones((3, 4), np.int64))  # wrong [L, E]
     ack = next(r0.responses).ack
@@ -88,8 +68,8 @@ def test_bad_step_is_rejected_on_the_stream_and_good_steps_are_summed(setup):
     r1.close()
 
 
-def test_a_rank_of_another_job_is_refused(setup):
-    _, channel = setup
+def test_a_rank_of_another_job_is_refused(local_agent):
+    _, channel = local_agent
     other = pb.JobSpec()
     other.CopyFrom(JOB)
     other.job_id = "not-mine"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import grpc
 import httpx
 import numpy as np
-import pytest
 
 from controlplane.wire import moeplane_pb2 as pb
 from controlplane.wire.arrays import decode_array
@@ -15,7 +14,6 @@ from controlplane.wire.plan_codec import delta_plan, full_plan
 from tests.agents.fake_ingest import FakeIngest
 from tests.agents.procs import start_agent, stop, wait_path
 from tests.agents.test_local_endpoint import Rank
-from tests.conftest import free_port
 from tests.controlplane.serverthread import running_server
 
 # 4 layers x 16 experts on 2 ranks x 16 slots: large enough that a 2-slot delta is the smaller message
@@ -46,25 +44,8 @@ def plan_reports(ingest: FakeIngest, state: int):
                                       and m.plan_report.state == state])
 
 
-@pytest.fixture
-def fake(tmp_path):
-    ingest = FakeIngest(free_port()).start()
-    agent = start_agent(tmp_path, ingest.port, "node-0", "--job-id", "j1", "--ranks", "0-1")
-    channel = None
-    try:
-        wait_path(tmp_path / "node-0.sock", agent)
-        channel = grpc.insecure_channel(f"unix:{tmp_path / 'node-0.sock'}")
-        yield ingest, channel
-    finally:
-        if channel is not None:
-            channel.close()
-        code = stop(agent)
-        ingest.stop()
-    assert code == 0
-
-
-def test_delta_with_an_unknown_base_is_reported_failed_and_never_reaches_the_ranks(fake):
-    ingest, channel = fake
+def test_delta_with_an_unknown_base_is_reported_failed_and_never_reaches_the_ranks(local_agent):
+    ingest, channel = local_agent
     r0, r1 = Rank(channel, 0, JOB), Rank(channel, 1, JOB)
     ingest.wait_for(lambda s: any(len(h.ranks) == 2 and h.job.layers == 4 for h in s.hellos))
     orphan = delta_plan(full_plan("j1", 6, P2, 16, 0), P2, 5, P1)  # this stream never got epoch 5
@@ -87,8 +68,8 @@ def test_delta_with_an_unknown_base_is_reported_failed_and_never_reaches_the_ran
     r1.close()
 
 
-def test_a_reconnected_stream_does_not_take_a_delta_against_the_previous_stream(fake):
-    ingest, channel = fake
+def test_a_reconnected_stream_does_not_take_a_delta_against_the_previous_stream(local_agent):
+    ingest, channel = local_agent
     ingest.wait_for(lambda s: s.connects >= 1 and len(ingest._streams) == 1)
     ingest.send_plan(full_plan("j1", 3, P1, 16, 0))
     plan_reports(ingest, pb.PLAN_STATE_RECEIVED)
@@ -169,8 +150,8 @@ def _wait(fn, what: str, timeout: float = 30.0):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_ranks_get_full_plans_in_a_narrow_dtype_and_accept_it(fake):
-    ingest, channel = fake
+def test_ranks_get_full_plans_in_a_narrow_dtype_and_accept_it(local_agent):
+    ingest, channel = local_agent
     r0 = Rank(channel, 0, JOB)
     ingest.wait_for(lambda s: any(h.job.layers == 4 for h in s.hellos))
     plan = full_plan("j1", 2, P1, 16, 0)

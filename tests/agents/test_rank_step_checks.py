@@ -15,7 +15,7 @@ import pytest
 
 from controlplane.wire import moeplane_pb2 as pb
 from controlplane.wire.arrays import decode_array, encode_array
-from tests.agents.test_local_endpoint import Rank, setup  # noqa: F401 - fixture
+from tests.agents.test_local_endpoint import Rank
 
 
 def next_within(responses, seconds: float = 10.0):
@@ -39,8 +39,8 @@ def step(n: int, counts: np.ndarray, *, tokens: int = 9, timestamp: float = 1.7e
     ({"timestamp": float("nan")}, "step.timestamp"),
     ({"timestamp": -5.0}, "step.timestamp"),
 ])
-def test_bad_rank_statistics_are_refused_and_the_other_ranks_still_count(setup, bad, field):  # noqa: F811
-    ingest, channel = setup
+def test_bad_rank_statistics_are_refused_and_the_other_ranks_still_count(local_agent, bad, field):
+    ingest, channel = local_agent
     r0, r1 = Rank(channel, 0), Rank(channel, 1)
     r0.outbox.put(step(3, np.full((2, 4), 2, np.int64), **bad))
     ack = next_within(r0.responses).ack
