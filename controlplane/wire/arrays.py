@@ -7,11 +7,14 @@ wrong, raising :class:`WireError` that names the field.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from controlplane.wire import moeplane_pb2 as pb
 
 ALLOWED_DTYPES = ("int32", "int64", "uint8", "uint16", "float32", "float64")
+_WIRE_DTYPES = {name: np.dtype(name).newbyteorder("<") for name in ALLOWED_DTYPES}  # by wire name
 MAX_ITEMS = 1 << 24  # 16M items: far above 58 x 256 x 1024, far below a memory blow-up
 
 
@@ -56,22 +59,20 @@ def decode_array(
         nonnegative: reject negative values.
         finite: reject NaN and infinities (floats only).
     """
-    if msg.dtype not in ALLOWED_DTYPES:
+    dtype = _WIRE_DTYPES.get(msg.dtype)
+    if dtype is None:
         raise WireError(f"{field}.dtype", f"{msg.dtype!r} is not one of {', '.join(ALLOWED_DTYPES)}")
-    dtype = np.dtype(msg.dtype).newbyteorder("<")
     if dtype.kind not in kinds:
         raise WireError(f"{field}.dtype", f"{msg.dtype} not allowed here (want kind {kinds!r})")
-    dims = tuple(int(d) for d in msg.shape)
-    if any(d < 0 for d in dims):
+    dims = tuple(msg.shape)
+    if dims and min(dims) < 0:
         raise WireError(f"{field}.shape", f"negative dimension in {dims}")
-    items = 1
-    for d in dims:
-        items *= d
+    items = math.prod(dims)
     if items > MAX_ITEMS:
         raise WireError(f"{field}.shape", f"{items} items exceeds the limit of {MAX_ITEMS}")
     if ndim is not None and len(dims) != ndim:
         raise WireError(f"{field}.shape", f"expected {ndim} dimensions, got {len(dims)}")
-    if shape is not None:
+    if shape is not None and dims != shape:  # (None entries are free: compare one by one)
         for i, (got, want) in enumerate(zip(dims, shape, strict=False)):
             if want is not None and got != want:
                 raise WireError(f"{field}.shape", f"dimension {i} is {got}, expected {want}")
