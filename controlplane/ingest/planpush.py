@@ -25,6 +25,7 @@ from sqlalchemy.engine import Engine
 from controlplane.controller.runner import plan_message
 from controlplane.store import plans
 from controlplane.wire import moeplane_pb2 as pb
+from controlplane.wire.framing import length_delimited
 from controlplane.wire.plan_codec import decode_full, delta_plan
 
 log = logging.getLogger(__name__)
@@ -32,14 +33,8 @@ log = logging.getLogger(__name__)
 
 def control_with_plan(plan: bytes) -> bytes:
     """Serialized ``ControlMessage(plan=PlacementPlan)`` from the plan's serialized bytes:
-    field 3, wire type 2 (tag 0x1a), varint length, the bytes."""
-    n, length = len(plan), bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        length.append(byte | (0x80 if n else 0))
-        if not n:
-            break
-    return b"\x1a" + bytes(length) + plan
+    field 3, length-delimited (tag 0x1a)."""
+    return length_delimited(0x1A, plan)
 
 
 @dataclass(frozen=True)

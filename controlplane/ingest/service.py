@@ -33,6 +33,7 @@ from controlplane.store.writes import StoreWriter
 from controlplane.wire import moeplane_pb2 as pb
 from controlplane.wire import moeplane_pb2_grpc as rpc
 from controlplane.wire.arrays import WireError
+from controlplane.wire.framing import length_delimited, varint
 
 log = logging.getLogger(__name__)
 
@@ -129,17 +130,8 @@ def ok_ack(seq: int, duplicate: bool) -> bytes:
     without message objects: one per acknowledged message, so it is on the hot path.
     Field 2 (``ack``, length-delimited, tag 0x12) holding field 1 (``seq``, varint, tag 0x08)
     and, when set, field 4 (``duplicate``, varint, tag 0x20)."""
-    body = (b"\x08" + _varint(seq) if seq else b"") + (b"\x20\x01" if duplicate else b"")
-    return b"\x12" + bytes((len(body),)) + body
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
+    body = (b"\x08" + varint(seq) if seq else b"") + (b"\x20\x01" if duplicate else b"")
+    return length_delimited(0x12, body)
 
 
 def _serialize_control(msg: pb.ControlMessage | bytes) -> bytes:
