@@ -108,11 +108,11 @@ def plan_placement(
     ``current [L, G*S]`` integer: the placement in force; given, the plan is incremental.
     ``max_moves``: most moves in total (needs ``current``). ``tolerance``: an incremental
     plan stops once its mean balancedness is within this of EPLB's greedy on ``loads``.
-    ``reshuffle_above``:
-    a layer left more than this above EPLB's greedy takes its search's best state, or
-    if still above, EPLB's greedy with GPUs renumbered (only without ``max_moves``). ``cross_node_weight``: extra cost of a cross-node move
-    when ranking steps (0: none). Pure and deterministic. Raises ValueError naming the
-    argument on bad input.
+    ``reshuffle_above``: a layer left more than this above EPLB's greedy takes its search's
+    best state, or if still above, EPLB's greedy with GPUs renumbered (only without
+    ``max_moves``). ``cross_node_weight``: extra cost of a cross-node move when ranking
+    steps (0: none). Pure and deterministic. Raises ValueError naming the argument on bad
+    input.
     """
     w = check_loads(loads)
     gpus = check_count("gpus", gpus)
@@ -211,7 +211,6 @@ def _incremental(
         pick = select_budget(layer, cost, bal, num_layers, max_moves)
         return traj.placement(steps[pick])
     pick = select_mean(layer, cost, bal, num_layers, float(fresh_bal.mean()) + tolerance)
-    new = traj.placement(steps[pick])
     limit = fresh_bal + reshuffle_above
     stuck = bal[pick] > limit
     if stuck.any():
@@ -222,9 +221,9 @@ def _incremental(
         first = np.searchsorted(layer[order], np.arange(num_layers))
         best = order[first]
         pick = np.where(stuck & (bal[best] <= limit), best, pick)
-        new = traj.placement(steps[pick])
         stuck = bal[pick] > limit
-        if stuck.any():
-            new[stuck] = match_gpus(cur[stuck], fresh[stuck], gpus, w.shape[1])
+    new = traj.placement(steps[pick])
+    if stuck.any():
+        new[stuck] = match_gpus(cur[stuck], fresh[stuck], gpus, w.shape[1])
     return new
 
