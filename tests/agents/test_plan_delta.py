@@ -15,6 +15,7 @@ from tests.agents.fake_ingest import FakeIngest
 from tests.agents.procs import start_agent, stop, wait_path
 from tests.agents.test_local_endpoint import Rank
 from tests.controlplane.serverthread import running_server
+from tests.procs import wait_until
 
 # 4 layers x 16 experts on 2 ranks x 16 slots: large enough that a 2-slot delta is the smaller message
 JOB = pb.JobSpec(job_id="j1", layers=4, experts=16, top_k=2, world_size=2, slots_per_rank=16,
@@ -91,7 +92,7 @@ def test_serve_sends_the_second_plan_as_a_delta_and_a_reconnect_in_full(database
             wait_path(sock, agent)
             channel = grpc.insecure_channel(f"unix:{sock}")
             ranks = [Rank(channel, 0, JOB), Rank(channel, 1, JOB)]
-            _wait(lambda: http.get("/jobs/j1").json().get("world_size") == 2, "job geometry")
+            wait_until(lambda: http.get("/jobs/j1").json().get("world_size") == 2, what="job geometry")
             r = http.put("/jobs/j1/policy", json={"mode": "manual", "min_interval_s": 3600})
             assert r.status_code == 200, r.text  # only the operator's plans below
 
@@ -106,8 +107,8 @@ def test_serve_sends_the_second_plan_as_a_delta_and_a_reconnect_in_full(database
                     np.testing.assert_array_equal(placement(plan), phy2log)
                     rank.outbox.put(pb.RankMessage(plan_report=pb.PlanReport(
                         job_id="j1", epoch=epoch, state=pb.PLAN_STATE_APPLIED, step=epoch)))
-                _wait(lambda: http.get(f"/jobs/j1/plans/{epoch}").json()["status"] == "applied",
-                      f"plan {epoch} applied")
+                wait_until(lambda: http.get(f"/jobs/j1/plans/{epoch}").json()["status"] == "applied",
+                           what=f"plan {epoch} applied")
                 return epoch
 
             push_and_apply(P1, ranks)
@@ -120,7 +121,7 @@ def test_serve_sends_the_second_plan_as_a_delta_and_a_reconnect_in_full(database
             channel.close()
             assert stop(agent) == 0
             agent = start_agent(tmp_path, srv["grpc_port"], "node-0", "--job-id", "j1", "--ranks", "0-1")
-            _wait(lambda: sent["full"] == 2, "the running plan sent in full on the new stream")
+            wait_until(lambda: sent["full"] == 2, what="the running plan sent in full on the new stream")
             wait_path(sock, agent)
             channel = grpc.insecure_channel(f"unix:{sock}")
             ranks = [Rank(channel, 0, JOB), Rank(channel, 1, JOB)]
@@ -136,18 +137,6 @@ def test_serve_sends_the_second_plan_as_a_delta_and_a_reconnect_in_full(database
             code = stop(agent)
             http.close()
         assert code == 0
-
-
-def _wait(fn, what: str, timeout: float = 30.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_ranks_get_full_plans_in_a_narrow_dtype_and_accept_it(local_agent):

@@ -3,8 +3,6 @@ measured balancedness, approval errors, rollback."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import numpy as np
 import pytest
@@ -14,6 +12,7 @@ from controlplane.wire.arrays import decode_array
 from tests import aio
 from tests.controlplane.agentclient import ScriptedAgent, hello, loads
 from tests.controlplane.serverthread import running_server
+from tests.procs import wait_until as poll
 
 L, E, G, S = 4, 16, 4, 4
 
@@ -32,16 +31,6 @@ def skewed(step: int) -> np.ndarray:
     c = rng.integers(50, 150, size=(L, E))
     c[:, :4] *= 4  # experts 0..3 live on rank 0 under the identity placement
     return c
-
-
-def poll(fn, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def report(seq, epoch, state, step, job="job-1"):

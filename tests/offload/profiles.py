@@ -3,10 +3,9 @@ and small helpers for talking to the scripted agents."""
 
 from __future__ import annotations
 
-import time
-
 from controlplane.wire import moeplane_pb2 as pb
 from tests import aio
+from tests.procs import wait_until as poll  # noqa: F401 - the offload tests import it from here
 
 GIB = 1 << 30
 G0, G1, H0 = "node-0/gpu0", "node-0/gpu1", "node-1/gpu0"
@@ -50,17 +49,6 @@ def report(seq: int, decision_id: int, device_id: str, state=pb.PLAN_STATE_APPLI
                                         state=state, step=step, measured_used_bytes=used,
                                         measured_saved_bytes=saved, error=error),
     )
-
-
-def poll(fn, timeout=20.0, what="condition"):
-    """``fn()`` once it is truthy, polled until ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def offloads(agent) -> list[pb.OffloadDecision]:
