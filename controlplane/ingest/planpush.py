@@ -116,7 +116,7 @@ class PlanCache:
                     log.error("plan published on plans.%s dropped: %s", job_id, exc)
                     continue
                 for stream in list(f.streams):
-                    message = stream._send(job_id, pub)
+                    message = stream.message_for(job_id, pub)
                     if message is not None:
                         stream.out.put_nowait(message)
         finally:
@@ -127,8 +127,8 @@ class PlanCache:
 
     def published(self, job_id: str, payload: bytes) -> Published:
         """The shared messages of a plan published on the bus (a serialized full
-        PlacementPlan), built on its first stream's call and reused by every other stream;
-        the delta is against the last plan of ``job_id`` this cache holds."""
+        PlacementPlan), built once for every stream of the job; the delta is against the last
+        plan of ``job_id`` this cache holds, and a newer plan becomes that base."""
         last = self._jobs.get(job_id)
         if last is not None and (last.payload is payload or last.payload == payload):
             return last
@@ -153,12 +153,7 @@ class PlanCache:
         last = self._jobs.get(job_id)
         if last is not None and last.epoch == plan["epoch"]:
             return last
-        payload = plan_message(plan, 0)
-        pub = Published(payload, plan["epoch"], np.asarray(plan["phy2log"], dtype=np.int64),
-                        control_with_plan(payload))
-        if last is None or last.epoch < pub.epoch:
-            self._jobs[job_id] = pub
-        return pub
+        return self.published(job_id, plan_message(plan, 0))
 
 
 class StreamPlans:
@@ -180,7 +175,7 @@ class StreamPlans:
             await self.cache.follow(job_id, self)
             self.following = job_id
 
-    def _send(self, job_id: str, pub: Published) -> bytes | None:
+    def message_for(self, job_id: str, pub: Published) -> bytes | None:
         """The bytes to send for ``pub`` (None: the stream already has it or a newer plan)."""
         same_job = job_id == self.job_id
         if same_job and pub.epoch <= self.epoch:
@@ -200,6 +195,6 @@ class StreamPlans:
             plans.latest_plan, engine, job_id, (plans.PlanStatus.PUSHED, plans.PlanStatus.APPLIED),
         )
         if plan is not None:
-            message = self._send(job_id, self.cache.running(job_id, plan))
+            message = self.message_for(job_id, self.cache.running(job_id, plan))
             if message is not None:
                 self.out.put_nowait(message)
