@@ -17,11 +17,18 @@ def _no_leftover_processes():
 
 
 @pytest.fixture
-def local_agent(tmp_path):
-    """A real agent process (node-0, job j1, ranks 0-1) uplinked to a FakeIngest: yields
-    (ingest, channel), the channel to the agent's NodeLocal Unix socket."""
+def agent_args() -> tuple[str, ...]:
+    """More ``moeplane agent`` arguments for ``local_agent`` (a test module overrides this)."""
+    return ()
+
+
+@pytest.fixture
+def local_agent(tmp_path, agent_args):
+    """A real agent process (node-0, job j1, ranks 0-1, plus ``agent_args``) uplinked to a
+    FakeIngest: yields (ingest, channel), the channel to the agent's NodeLocal Unix socket."""
     ingest = FakeIngest(free_port()).start()
-    agent = start_agent(tmp_path, ingest.port, "node-0", "--job-id", "j1", "--ranks", "0-1")
+    agent = start_agent(tmp_path, ingest.port, "node-0", "--job-id", "j1", "--ranks", "0-1",
+                        *agent_args)
     channel = None
     try:
         wait_path(tmp_path / "node-0.sock", agent)

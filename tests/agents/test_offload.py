@@ -3,16 +3,12 @@ free host memory), decisions down to the right rank once per decision_id, report
 
 from __future__ import annotations
 
-import grpc
 import numpy as np
 import pytest
 
 from agents.offload import OffloadRelay
 from controlplane.wire import moeplane_pb2 as pb
-from tests.agents.fake_ingest import FakeIngest
-from tests.agents.procs import start_agent, stop, wait_path
 from tests.agents.test_local_endpoint import Rank
-from tests.conftest import free_port
 
 GIB = 1 << 30
 
@@ -115,15 +111,15 @@ def next_offload(rank: Rank) -> pb.OffloadDecision:
     raise AssertionError("stream ended")
 
 
-def test_the_agent_process_carries_profiles_decisions_and_reports(tmp_path):
-    ingest = FakeIngest(free_port()).start()
-    agent = start_agent(tmp_path, ingest.port, "node-0", "--job-id", "j1", "--ranks", "0-1",
-                        "--memory-interval", "0.1")
-    channel = None
+@pytest.fixture
+def agent_args() -> tuple[str, ...]:
+    return ("--memory-interval", "0.1")  # for local_agent
+
+
+def test_the_agent_process_carries_profiles_decisions_and_reports(local_agent):
+    ingest, channel = local_agent
     ranks: list[Rank] = []
     try:
-        wait_path(tmp_path / "node-0.sock", agent)
-        channel = grpc.insecure_channel(f"unix:{tmp_path / 'node-0.sock'}")
         # rank 1 runs a device the sim collector does not know: it is announced in a hello
         ranks = [Rank(channel, 0), Rank(channel, 1, device_id="node-0/cpu1")]
         for step in range(3):
@@ -161,11 +157,6 @@ def test_the_agent_process_carries_profiles_decisions_and_reports(tmp_path):
     finally:
         for r in ranks:
             r.close()
-        if channel is not None:
-            channel.close()
-        code = stop(agent)
-        ingest.stop()
-    assert code == 0
     assert [(r.job_id, r.decision_id, r.device_id, r.measured_saved_bytes) for r in reports] == [
         ("j1", 6, "node-0/cpu1", GIB)]
     assert received == [5, 6, 7]
