@@ -129,8 +129,6 @@ def best_steps(
     hx = np.full(wa.shape, -np.inf)  # max new load of x's holders other than a  [A, E]
     np.maximum.at(hx.ravel(), (rows[:, None] * wa.shape[1] + ph).ravel(), holder.ravel())
     n_a_y = count(a[:, None], xa)  # [A, S]
-    dx_up_j = take_rows(dx_up, js)
-    n_a_xj = count(a[:, None], xj)  # [A, J]
     # only partner slots whose expert has >= 2 replicas can be re-pointed: gather those
     # first ([A, R], R = the most any layer has; ``ra_slot_ok`` masks the padding)
     multi_j = cj > 1
@@ -140,8 +138,8 @@ def best_steps(
     br = jr // spg
     xr = take_rows(xj, pos)
     ra_slot_ok = take_rows(multi_j, pos)
-    dx_up_r = take_rows(dx_up_j, pos)
-    n_a_xr = take_rows(n_a_xj, pos)
+    dx_up_r = take_rows(dx_up, jr)
+    n_a_xr = count(a[:, None], xr)  # [A, R]
     n_b_xr = take_rows(n_slot_x, jr)
     n_b_y = count(br[:, None, :], xa[:, :, None])  # [A, S, R]
     ra_a = l1_3 - (n_a_y * dy_down)[:, :, None] + (n_a_xr * dx_up_r)[:, None, :]
