@@ -57,7 +57,6 @@ class OffloadRelay:
         self.remember = remember
         self.pending: dict[int, tuple[int, pb.MemoryProfile]] = {}  # rank -> (step, profile)
         self.last_sent: float | None = None
-        self.sent = 0
         self.seen: OrderedDict[int, None] = OrderedDict()
         self.latest: dict[str, pb.OffloadDecision] = {}  # device_id -> newest decision
 
@@ -94,7 +93,6 @@ class OffloadRelay:
         ))
         self.pending.clear()
         self.last_sent = now
-        self.sent += 1
         return self.emit(msg)
 
     # ------------------------------------------------------------------ decisions down
