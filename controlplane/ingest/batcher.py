@@ -21,7 +21,7 @@ Done = Callable[[SequencedRecord, "bool | BaseException"], None]
 
 
 class Batcher:
-    """Single writer task. ``submit``/``admit`` return a future of "was it a duplicate?";
+    """Single writer task. ``admit`` returns a future of "was it a duplicate?";
     ``admit_then`` calls back instead (no future and no loop callback per record).
 
     Args:
@@ -95,14 +95,8 @@ class Batcher:
         if len(self._queue) >= self._max_batch:
             self._full.set()
 
-    def submit(self, record: SequencedRecord) -> asyncio.Future:
-        """Queue ``record`` without waiting for room (its bytes are not counted)."""
-        fut = asyncio.get_running_loop().create_future()
-        self._put(record, 0, _resolver(fut))
-        return fut
-
     async def admit(self, record: SequencedRecord) -> asyncio.Future:
-        """``submit`` once the pending bytes leave room (one record is always admitted).
+        """Queue ``record`` once the pending bytes leave room (one record is always admitted).
 
         Waiters are served first come, first served, each woken only when its bytes fit;
         records without arrays never wait.
