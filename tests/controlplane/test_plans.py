@@ -7,6 +7,7 @@ import httpx
 import numpy as np
 import pytest
 
+from controlplane.balancing import identity_placement
 from controlplane.wire import moeplane_pb2 as pb
 from controlplane.wire.arrays import decode_array
 from tests import aio
@@ -15,6 +16,7 @@ from tests.controlplane.serverthread import running_server
 from tests.procs import wait_until as poll
 
 L, E, G, S = 4, 16, 4, 4
+IDENT = identity_placement(L, E, G * S)  # [L, G*S]: slot s holds expert s % E
 
 
 def job_hello(node: str, ranks: list[int]) -> pb.AgentMessage:
@@ -168,21 +170,20 @@ def apply_all(agents, epoch: int, seq: int) -> None:
 def test_operator_placement_is_validated(cluster):
     srv, http, a0, a1 = cluster
     http.put("/jobs/job-1/policy", json={"mode": "manual", "min_interval_s": 3600})
-    ident = np.tile(np.arange(G * S) % E, (L, 1))
     send_steps(a0, a1, [0], seq0=1)
     bad = {
-        "shape": (ident[:, :-1].tolist(), "must have shape [layers, gpus*slots_per_gpu] = [4, 16]"),
-        "ids": (identity_with_swaps(ident, []).__add__(E).tolist(), "outside [0, 16)"),
-        "missing": (np.where(ident == 3, 4, ident).tolist(), "expert 3 of layer 0 without a replica"),
-        "ragged": ([list(range(16)), list(range(15))] + ident[2:].tolist(), "rows have different lengths"),
-        "huge": ([[2**70] + list(range(1, 16))] + ident[1:].tolist(), "int64 range"),
+        "shape": (IDENT[:, :-1].tolist(), "must have shape [layers, gpus*slots_per_gpu] = [4, 16]"),
+        "ids": ((IDENT + E).tolist(), "outside [0, 16)"),
+        "missing": (np.where(IDENT == 3, 4, IDENT).tolist(), "expert 3 of layer 0 without a replica"),
+        "ragged": ([list(range(16)), list(range(15))] + IDENT[2:].tolist(), "rows have different lengths"),
+        "huge": ([[2**70] + list(range(1, 16))] + IDENT[1:].tolist(), "int64 range"),
     }
     for name, (rows, needle) in bad.items():
         r = http.post("/jobs/job-1/plans", json={"phy2log": rows})
         assert r.status_code == 422 and needle in r.text, (name, r.text)
     for rows in ([["1"] * 16] * 4, [[1.5] * 16] * 4, [[True] * 16] * 4):
         assert http.post("/jobs/job-1/plans", json={"phy2log": rows}).status_code == 422
-    assert http.post("/jobs/nope/plans", json={"phy2log": ident.tolist()}).status_code == 404
+    assert http.post("/jobs/nope/plans", json={"phy2log": IDENT.tolist()}).status_code == 404
     assert http.get("/jobs/job-1/plans", params={"status": "pushed"}).json() == []
     assert plans_of(a0) == []
 
@@ -194,7 +195,6 @@ def test_operator_plans_go_full_then_as_deltas_and_full_again_after_reconnect_or
     sent = srv["ingest"].plans.sent
     http.put("/jobs/job-1/policy", json={"mode": "manual", "min_interval_s": 3600})
     send_steps(a0, a1, [0], seq0=1)
-    ident = np.tile(np.arange(G * S) % E, (L, 1))
     rx = {a.node_id: PlanReceiver() for a in (a0, a1)}
 
     def push(phy2log, agents, n_plans):
@@ -210,7 +210,7 @@ def test_operator_plans_go_full_then_as_deltas_and_full_again_after_reconnect_or
             got.append(plan)
         return r.json()["epoch"], got
 
-    p1 = identity_with_swaps(ident, [(0, 0, 5), (3, 1, 14)])
+    p1 = identity_with_swaps(IDENT, [(0, 0, 5), (3, 1, 14)])
     e1, (f0, f1) = push(p1, (a0, a1), 1)
     assert f0.base_epoch == f1.base_epoch == 0 and f0.phy2log.dtype == "uint8"
     assert r_moves(http, e1) > 0
@@ -263,8 +263,7 @@ def test_applied_only_when_every_node_now_in_the_job_reported(cluster):
 
     srv, http, a0, a1 = cluster
     http.put("/jobs/job-1/policy", json={"mode": "manual", "min_interval_s": 3600})
-    ident = np.tile(np.arange(G * S) % E, (L, 1))
-    r = http.post("/jobs/job-1/plans", json={"phy2log": identity_with_swaps(ident, [(0, 1, 2)]).tolist()})
+    r = http.post("/jobs/job-1/plans", json={"phy2log": identity_with_swaps(IDENT, [(0, 1, 2)]).tolist()})
     epoch = r.json()["epoch"]
     a0.send(report(20, epoch, pb.PLAN_STATE_APPLIED, 3))
     aio.run(a0.wait_acks([20]))
@@ -287,8 +286,7 @@ def test_a_malformed_plan_on_the_bus_does_not_stop_the_job_subscription(cluster)
     http.put("/jobs/job-1/policy", json={"mode": "manual", "min_interval_s": 3600})
     send_steps(a0, a1, [0], seq0=1)
     aio.run(srv["bus"].publish("plans.job-1", b"\xff\xff not a PlacementPlan"))
-    ident = np.tile(np.arange(G * S) % E, (L, 1))
-    r = http.post("/jobs/job-1/plans", json={"phy2log": identity_with_swaps(ident, [(2, 0, 3)]).tolist()})
+    r = http.post("/jobs/job-1/plans", json={"phy2log": identity_with_swaps(IDENT, [(2, 0, 3)]).tolist()})
     assert r.status_code == 200, r.text
     for a in (a0, a1):
         aio.run(a.wait_for(lambda _r, a=a: plans_of(a)))
