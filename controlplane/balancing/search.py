@@ -204,10 +204,8 @@ def local_search(
             was_move = (cnt.ravel()[key] > 0) & ~ref_has.ravel()[key]
         # apply: each (layer, GPU, expert) loses (-1) its old expert and gains (+1) the new
         # one, in one batched update per array
-        sign = np.concatenate(
-            [-np.ones(len(idx), np.int64), np.ones(len(idx), np.int64),
-             -np.ones(len(two), np.int64), np.ones(len(two), np.int64)]
-        )
+        n1, n2 = len(idx), len(two)
+        sign = np.repeat(np.array([-1, 1, -1, 1], np.int64), [n1, n1, n2, n2])  # one per key
         np.add.at(cnt.ravel(), key, sign.astype(cnt.dtype))
         if code is not None:
             np.add.at(code.ravel(), key, (2 * sign).astype(code.dtype))
