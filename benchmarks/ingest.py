@@ -74,8 +74,9 @@ def run_loadgen_against(target_pid: int, target: str, tmp: Path, lg_args: list[s
                 "rss_max": max(r.get("srv_rss", 0) for r in meter.samples)}
 
 
-def lg_loads_args(a) -> list[str]:
-    return ["--nodes", str(a.nodes), "--step-time", str(a.step_time), "--sample-interval", "0",
+def lg_loads_args(a, sample_interval: float = 0) -> list[str]:
+    """The loads loadgen's arguments; ``sample_interval`` > 0 (seconds): its nodes also sample."""
+    return ["--nodes", str(a.nodes), "--step-time", str(a.step_time), "--sample-interval", str(sample_interval),
             "--duration", str(a.duration), "--processes", str(a.lg_processes), "--job", "bench",
             "--max-in-flight", str(a.max_in_flight)] + (["--per-node"] if a.per_node else [])
 
@@ -197,7 +198,8 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
     res: dict = {}
     fresh: list[float] = []
-    loads_msgs_per_s = a.nodes * (1 if a.per_node else 8) / a.step_time
+    loads_per_node = 1 if a.per_node else 8  # ExpertLoads messages per node per step
+    loads_msgs_per_s = a.nodes * loads_per_node / a.step_time
     print(f"loads: {a.nodes} nodes x 8 ranks, step {a.step_time}s = {loads_msgs_per_s:.0f} msg/s, "
           f"{loads_msgs_per_s * 58 * 256 / 1e6:.2f} M counters/s on the wire", flush=True)
     if "bare" not in skip:
@@ -223,13 +225,9 @@ def main(argv=None) -> int:
             print("copy-samples", res["copy-samples"], flush=True)
     if "freshness" not in skip:
         with pg_database() as url:
-            lg_args = lg_loads_args(a)
-            if a.freshness_with_samples:
-                at = lg_args.index("--sample-interval")
-                lg_args[at + 1] = "1"
             res["freshness-pg"] = scenario_cp(
-                a, tmp, url, "freshness-pg", lg_args,
-                during_factory=freshness_poller(a.nodes * (1 if a.per_node else 8), fresh))
+                a, tmp, url, "freshness-pg", lg_loads_args(a, 1 if a.freshness_with_samples else 0),
+                during_factory=freshness_poller(a.nodes * loads_per_node, fresh))
             res["freshness-pg"]["freshness"] = percentiles(fresh) | {"steps": len(fresh)}
             print("freshness", res["freshness-pg"]["freshness"], flush=True)
     report = render(a, res, argv if argv is not None else sys.argv[1:])
