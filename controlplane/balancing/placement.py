@@ -102,7 +102,9 @@ def count_moves(
     return (after & ~before).sum(axis=(1, 2)).astype(np.int64)
 
 
-def match_gpus(reference: np.ndarray, phy2log: np.ndarray, gpus: int, num_experts: int) -> np.ndarray:
+def match_gpus(
+    reference: np.ndarray, phy2log: np.ndarray, gpus: int, num_experts: int
+) -> np.ndarray:
     """``phy2log [L, G*S]`` with its GPUs renumbered to keep as many of ``reference
     [L, G*S]``'s (GPU, expert) pairs as a greedy matching finds: int64 ``[L, G*S]``.
 
