@@ -10,6 +10,7 @@ import pytest
 from controlplane.wire import generate
 from controlplane.wire import moeplane_pb2 as pb
 from controlplane.wire.arrays import WireError, decode_array, encode_array
+from controlplane.wire.plan_codec import PlanReceiver, UnknownBase, delta_plan, full_plan
 
 
 def test_generated_code_matches_the_proto(tmp_path):
@@ -66,7 +67,6 @@ def _placement(layers: int, experts: int, slots: int, seed: int = 0) -> np.ndarr
                                                  (300, 600, "uint16"), (70_000, 70_000, "int32")])
 def test_full_plan_phy2log_travels_in_the_smallest_dtype_holding_e_minus_1(experts, slots, dtype):
     from controlplane.controller.runner import plan_message
-    from controlplane.wire.plan_codec import PlanReceiver
 
     phy2log = _placement(2, experts, slots)
     plan = pb.PlacementPlan.FromString(plan_message(
@@ -79,8 +79,6 @@ def test_full_plan_phy2log_travels_in_the_smallest_dtype_holding_e_minus_1(exper
 
 
 def test_delta_costs_the_changed_slots_and_rebuilds_the_full_placement():
-    from controlplane.wire.plan_codec import PlanReceiver, delta_plan, full_plan
-
     base = _placement(58, 256, 1024, seed=1)
     new = base.copy()
     rng = np.random.default_rng(2)
@@ -103,8 +101,6 @@ def test_delta_costs_the_changed_slots_and_rebuilds_the_full_placement():
 
 
 def test_delta_against_a_base_the_receiver_lacks_names_base_epoch_and_keeps_the_base():
-    from controlplane.wire.plan_codec import PlanReceiver, UnknownBase, delta_plan, full_plan
-
     a, b = _placement(2, 8, 16, seed=3), _placement(2, 8, 16, seed=4)
     delta = delta_plan(full_plan("j", 9, b, 4, 0), b, 7, a)
     with pytest.raises(UnknownBase, match="base_epoch 7.*holds no plan"):
@@ -126,8 +122,6 @@ def test_delta_against_a_base_the_receiver_lacks_names_base_epoch_and_keeps_the_
     (lambda d: setattr(d, "slots_per_rank", 2), "slots per rank"),
 ])
 def test_malformed_delta_is_refused_naming_the_field(mutate, needle):
-    from controlplane.wire.plan_codec import PlanReceiver, delta_plan, full_plan
-
     a = _placement(2, 8, 16, seed=5)
     b = a.copy()
     b[0, 3], b[1, 0] = (b[0, 3] + 1) % 8, (b[1, 0] + 1) % 8
