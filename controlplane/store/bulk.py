@@ -52,7 +52,8 @@ def run_compiled(conn: Connection, key: Hashable, build: Callable[[Connection], 
     return conn.exec_driver_sql(sql, [convert(p) for p in params])
 
 
-def _insert(conn: Connection, table: sa.Table):
+def dialect_insert(conn: Connection, table: sa.Table):
+    """INSERT with ON CONFLICT support for the connection's dialect."""
     if conn.dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
     else:
@@ -100,7 +101,7 @@ def claim(conn: Connection, table: sa.Table, columns: Sequence[str], rows: Seque
         return {tuple(r) for r in cur.fetchall()}
     # SQLite: executemany cannot return rows; SQLAlchemy's multi-row VALUES with RETURNING can
     key_cols = [table.c[k] for k in key]
-    stmt = _insert(conn, table).on_conflict_do_nothing(index_elements=key_cols).returning(*key_cols)
+    stmt = dialect_insert(conn, table).on_conflict_do_nothing(index_elements=key_cols).returning(*key_cols)
     return {tuple(r) for r in conn.execute(stmt, [dict(zip(columns, row, strict=True)) for row in rows])}
 
 
@@ -122,7 +123,7 @@ def upsert_rows(conn: Connection, table: sa.Table, columns: Sequence[str], rows:
         return
 
     def build(c: Connection):
-        ins = _insert(c, table)
+        ins = dialect_insert(c, table)
         return ins.values({col: sa.bindparam(col) for col in columns}).on_conflict_do_update(
             index_elements=[table.c[k] for k in key], set_={col: ins.excluded[col] for col in update},
             where=None if newer_than is None else table.c[newer_than] <= ins.excluded[newer_than],
@@ -177,7 +178,7 @@ def insert(conn: Connection, table: sa.Table, columns: Sequence[str], rows: Sequ
         return
 
     def build(c: Connection):
-        stmt = _insert(c, table).values({col: sa.bindparam(col) for col in columns})
+        stmt = dialect_insert(c, table).values({col: sa.bindparam(col) for col in columns})
         if ignore_conflicts_on is not None:
             stmt = stmt.on_conflict_do_nothing(index_elements=[table.c[k] for k in ignore_conflicts_on])
         return stmt

@@ -22,7 +22,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from controlplane.store import tables as t
-from controlplane.store.writes import dialect_insert, upsert
+from controlplane.store.bulk import dialect_insert
+from controlplane.store.writes import upsert
 
 TIERS = (60, 3600)
 KINDS = ("samples", "steps", "loads")

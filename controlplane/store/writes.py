@@ -30,15 +30,6 @@ from controlplane.store.records import (
 )
 
 
-def dialect_insert(conn: Connection, table: sa.Table):
-    """INSERT with ON CONFLICT support for the connection's dialect."""
-    if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert(table)
-
-
 def upsert(
     conn: Connection, table: sa.Table, key: dict, values: dict, *, insert_only: dict | None = None, newer=None
 ) -> None:
@@ -66,7 +57,7 @@ def upsert_many(conn: Connection, table: sa.Table, key: Sequence[str], rows: Seq
         raise ValueError("upsert: newer must not capture variables (it is compiled once)")
 
     def build(c: Connection):
-        ins = dialect_insert(c, table)
+        ins = bulk.dialect_insert(c, table)
         where = None if newer is None else newer(ins.excluded)
         if only_changes:
             changed = sa.or_(*(table.c[col].is_distinct_from(ins.excluded[col]) for col in update))
@@ -135,7 +126,7 @@ class StoreWriter:
             return
         bulk.run_compiled(
             conn, "job-if-new",
-            lambda c: dialect_insert(c, t.jobs)
+            lambda c: bulk.dialect_insert(c, t.jobs)
             .values(job_id=sa.bindparam("job_id"), created_at=sa.bindparam("created_at"))
             .on_conflict_do_nothing(index_elements=[t.jobs.c.job_id]),
             {"job_id": job_id, "created_at": ts},
@@ -175,7 +166,7 @@ class StoreWriter:
             with self.engine.begin() as conn:
                 bulk.run_compiled(
                     conn, "layout-if-new",
-                    lambda c: dialect_insert(c, t.sample_layouts)
+                    lambda c: bulk.dialect_insert(c, t.sample_layouts)
                     .values({k: sa.bindparam(k) for k in ("key", "node_id", "device_ids", "metrics")})
                     .on_conflict_do_nothing(index_elements=[t.sample_layouts.c.key]),
                     rows if len(rows) > 1 else rows[0],
@@ -308,7 +299,7 @@ class StoreWriter:
 def _new_step_loads(conn: Connection):
     cols = ("job_id", "step", "ts", "layers", "experts", "nodes_reported", "counts")
     return (
-        dialect_insert(conn, t.expert_loads).values({c: sa.bindparam(c) for c in cols})
+        bulk.dialect_insert(conn, t.expert_loads).values({c: sa.bindparam(c) for c in cols})
         .on_conflict_do_nothing(index_elements=[t.expert_loads.c.job_id, t.expert_loads.c.step])
         .returning(t.expert_loads.c.step)
     )
