@@ -81,14 +81,17 @@ class NodeState:
         """The Hello describing this node now; remembers what it announced."""
         for d in self.devices:
             d.rank = self.device_ranks.get(d.device_id, -1)
-        job = self.job or pb.JobSpec()
-        self.announced = (self.job_id, job.SerializeToString(deterministic=True),
-                          tuple(d.device_id for d in self.devices))
+        self.announced = self._announcement()
         return pb.Hello(
             node_id=self.node_id, hostname=self.hostname, agent_version=self.version,
             devices=self.devices,
-            job_id=self.job_id, ranks=sorted(self.ranks()), job=job,
+            job_id=self.job_id, ranks=sorted(self.ranks()), job=self.job or pb.JobSpec(),
         )
+
+    def _announcement(self) -> tuple[str, bytes, tuple[str, ...]]:
+        """What a Hello says that can change mid-stream: job id, job spec, device ids."""
+        job = self.job.SerializeToString(deterministic=True) if self.job else b""
+        return self.job_id, job, tuple(d.device_id for d in self.devices)
 
     def ranks(self) -> set[int]:
         return self.configured_ranks | set(self.links)
@@ -145,9 +148,7 @@ class NodeState:
 
     def _announce_if_changed(self) -> None:
         """Send a fresh Hello mid-stream when the job or the devices changed since the last."""
-        job = self.job.SerializeToString(deterministic=True) if self.job else b""
-        devices = tuple(d.device_id for d in self.devices)
-        if self.announced is not None and self.announced != (self.job_id, job, devices):
+        if self.announced is not None and self.announced != self._announcement():
             self.emit(pb.AgentMessage(hello=self.hello()))
 
     def rank_step(self, link: RankLink, step: pb.RankStep) -> None:
