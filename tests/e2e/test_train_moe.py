@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import free_port
 from tests.procs import spawn, start_serve, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
@@ -31,7 +32,7 @@ def test_training_job_is_rebalanced_live(tmp_path):
         torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
         assert torchrun, "torchrun not found beside the interpreter (make torch)"
         run = subprocess.run(
-            [torchrun, "--nproc-per-node", "4", "--master-port", str(_port()),
+            [torchrun, "--nproc-per-node", "4", "--master-port", str(free_port()),
              str(ROOT / "examples" / "train_moe.py"), "--agent-socket", str(sock), "--steps", "30",
              "--job-id", "train-moe"],
             cwd=ROOT, capture_output=True, text=True, timeout=240,
@@ -50,9 +51,3 @@ def test_training_job_is_rebalanced_live(tmp_path):
         api.close()
         agent.stop()
         serve.stop()
-
-
-def _port() -> int:
-    from tests.conftest import free_port
-
-    return free_port()
