@@ -64,7 +64,6 @@ class EmulatedAgent:
         phase = (n % 97) / 97 * cfg.sample_interval_s
         self.next_sample_at = t0 + phase if cfg.sample_interval_s else float("inf")
         self.plan_receiver = PlanReceiver()
-        self.phy2log: np.ndarray | None = None  # [L, G*S] (wire dtype), the placement last received
 
     async def run(self) -> None:
         target = self.cfg.targets[self.n % len(self.cfg.targets)]
@@ -127,7 +126,7 @@ class EmulatedAgent:
     def _on_plan(self, plan: pb.PlacementPlan, out: asyncio.Queue, configured: asyncio.Event) -> None:
         """Rebuild the full placement and report it applied (or the plan FAILED)."""
         try:
-            self.phy2log = self.plan_receiver.receive(plan)
+            self.plan_receiver.receive(plan)  # keeps the full placement as the next base
         except WireError as exc:
             error = f"node {self.node_id}: {exc}"
             if len(self.stats.error_messages) < 20:
