@@ -240,10 +240,12 @@ class LayerProfiler:
                 sum(tensor_bytes(p.grad) for p in params if p.grad is not None),
                 _state_bytes(self.optimizer, params))
 
-    def update_used(self, optimizer_host_bytes: int = 0) -> int:
-        """``used_bytes`` of the last step (on CPU computed here, see the module doc)."""
+    def update_used(self, optimizer_host_bytes: int = 0,
+                    totals: tuple[int, int, int] | None = None) -> int:
+        """``used_bytes`` of the last step (on CPU computed here, see the module doc).
+        ``totals``: parameters, gradients, optimizer bytes when the caller has them."""
         if not self.cuda:
-            parameters, gradients, optimizer = self._totals()
+            parameters, gradients, optimizer = totals or self._totals()
             self.activation_peak_bytes = self.device_activation_bytes
             self.used_bytes = (parameters + gradients + optimizer - optimizer_host_bytes
                                + self.device_activation_bytes)
@@ -252,8 +254,9 @@ class LayerProfiler:
     def profile(self, device_id: str = "", rank: int = 0, applied: Sequence[str] = (),
                 optimizer_host_bytes: int = 0) -> pb.MemoryProfile:
         """The ``MemoryProfile`` of the last measured step (bytes, seconds)."""
-        parameters, gradients, optimizer = self._totals()
-        self.update_used(optimizer_host_bytes)
+        totals = self._totals()
+        parameters, gradients, optimizer = totals
+        self.update_used(optimizer_host_bytes, totals)
         layers = []
         for i, m in enumerate(self.modules):
             own = list(m.parameters())
