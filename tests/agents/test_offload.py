@@ -28,24 +28,15 @@ def decision(decision_id: int, device_id: str, rank: int = 0) -> pb.OffloadDecis
         actions=[pb.OffloadAction(kind="recompute", layers=["layers.0"], bytes_saved=GIB)])
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def relay(interval_s: float = 10.0):
     sent: list[pb.AgentMessage] = []
-    clock = Clock()
 
     def emit(msg: pb.AgentMessage) -> int:
         sent.append(msg)
         return len(sent)
 
     return OffloadRelay(emit, interval_s=interval_s, host_free=lambda: 5 * GIB,
-                        clock=clock), sent
+                        clock=lambda: 100.0), sent  # unix seconds; the tests pass monotonic ``now``
 
 
 def test_profiles_go_up_at_most_once_per_interval_with_the_latest_of_each_rank():
