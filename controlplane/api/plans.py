@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import APIRouter, Body, Path, Query, Request
 from pydantic import BaseModel, Field, StrictInt
+from sqlalchemy.engine import Engine
 
 from controlplane.api.deps import EngineDep
 from controlplane.api.routes import BAD, NOT_FOUND, JobId
@@ -136,14 +137,33 @@ async def reject(job_id: JobId, epoch: Epoch, engine: EngineDep) -> dict:
     return _summary(plan)
 
 
-@router.post("/rollback", response_model=PlanSummary, responses=NOT_FOUND | CONFLICT | BAD)
-async def rollback(job_id: JobId, body: RollbackRequest, request: Request, engine: EngineDep) -> dict:
+async def _push_at_once(request: Request, engine: Engine, job_id: str, target_of) -> dict:
+    """Create a plan approved by the operator and push it at once (rollback, given placement).
+
+    ``target_of(job, world, slots)`` returns ``(phy2log [L, G*S], create_plan arguments)`` or
+    raises (422/409/404); 409 while another plan is being applied.
+    """
     def make() -> tuple[int, bytes]:
         job = q.get_job(engine, job_id)
         geo = runner.geometry(engine, job)
         if geo is None:
             raise P.PlanConflict(f"job {job_id!r} has no known geometry yet")
         world, slots, _nodes = geo
+        target, kwargs = target_of(job, world, slots)
+        if P.latest_plan(engine, job_id, P.IN_FLIGHT) is not None:
+            raise P.PlanConflict("a plan is being applied; wait for it to finish")
+        epoch = P.create_plan(engine, job_id, target, world_size=world, slots_per_rank=slots,
+                              status=P.PlanStatus.APPROVED, **kwargs)
+        return epoch, runner.push(engine, job_id, epoch)
+
+    epoch, payload = await asyncio.to_thread(make)
+    await _publish(request, job_id, payload)
+    return _summary(await asyncio.to_thread(P.get_plan, engine, job_id, epoch, with_placement=False))
+
+
+@router.post("/rollback", response_model=PlanSummary, responses=NOT_FOUND | CONFLICT | BAD)
+async def rollback(job_id: JobId, body: RollbackRequest, request: Request, engine: EngineDep) -> dict:
+    def target_of(job: dict, world: int, slots: int):
         if body.epoch == 0:
             target = runner.identity(job["layers"], job["experts"], world, slots)
         else:
@@ -151,17 +171,10 @@ async def rollback(job_id: JobId, body: RollbackRequest, request: Request, engin
             if plan["status"] not in (P.PlanStatus.APPLIED, P.PlanStatus.ROLLED_BACK):
                 raise P.PlanConflict(f"plan {body.epoch} was never applied ({plan['status']}); cannot roll back to it")
             target = plan["phy2log"]
-        if P.latest_plan(engine, job_id, P.IN_FLIGHT) is not None:
-            raise P.PlanConflict("a plan is being applied; wait for it to finish")
-        epoch = P.create_plan(
-            engine, job_id, target, world_size=world, slots_per_rank=slots, status=P.PlanStatus.APPROVED,
-            kind="rollback", base_epoch=body.epoch, reason=f"rollback to epoch {body.epoch} by operator",
-        )
-        return epoch, runner.push(engine, job_id, epoch)
+        return target, {"kind": "rollback", "base_epoch": body.epoch,
+                        "reason": f"rollback to epoch {body.epoch} by operator"}
 
-    epoch, payload = await asyncio.to_thread(make)
-    await _publish(request, job_id, payload)
-    return _summary(await asyncio.to_thread(P.get_plan, engine, job_id, epoch, with_placement=False))
+    return await _push_at_once(request, engine, job_id, target_of)
 
 
 @router.post("/plans", response_model=PlanSummary, responses=NOT_FOUND | CONFLICT | BAD)
@@ -171,12 +184,9 @@ async def push_placement(job_id: JobId, body: PlacementRequest, request: Request
     ``phy2log`` must be ``[L, G*S]`` of expert ids in ``[0, E)`` with every expert in every
     layer (422 naming the problem otherwise); 409 while another plan is being applied.
     """
-    def make() -> tuple[int, bytes]:
-        job = q.get_job(engine, job_id)
-        geo = runner.geometry(engine, job)
-        if geo is None or job.get("layers") is None:
+    def target_of(job: dict, world: int, slots: int):
+        if job.get("layers") is None:
             raise P.PlanConflict(f"job {job_id!r} has no known geometry yet")
-        world, slots, _nodes = geo
         widths = {len(row) for row in body.phy2log}
         if len(widths) > 1:
             raise ValueError(f"phy2log: rows have different lengths {sorted(widths)[:4]}")
@@ -185,21 +195,13 @@ async def push_placement(job_id: JobId, body: PlacementRequest, request: Request
         except OverflowError:
             raise ValueError("phy2log: holds an expert id outside the int64 range") from None
         target = check_placement("phy2log", given, job["layers"], world * slots, job["experts"])
-        if P.latest_plan(engine, job_id, P.IN_FLIGHT) is not None:
-            raise P.PlanConflict("a plan is being applied; wait for it to finish")
         running = P.latest_plan(engine, job_id, (P.PlanStatus.APPLIED,))
         current = running["phy2log"] if running else runner.identity(job["layers"], job["experts"], world, slots)
-        epoch = P.create_plan(
-            engine, job_id, target, world_size=world, slots_per_rank=slots, status=P.PlanStatus.APPROVED,
-            kind="operator", base_epoch=running["epoch"] if running else 0,
-            moves=int(count_moves(current, target, world, job["experts"]).sum()),
-            reason=body.reason or "placement given by operator",
-        )
-        return epoch, runner.push(engine, job_id, epoch)
+        return target, {"kind": "operator", "base_epoch": running["epoch"] if running else 0,
+                        "moves": int(count_moves(current, target, world, job["experts"]).sum()),
+                        "reason": body.reason or "placement given by operator"}
 
-    epoch, payload = await asyncio.to_thread(make)
-    await _publish(request, job_id, payload)
-    return _summary(await asyncio.to_thread(P.get_plan, engine, job_id, epoch, with_placement=False))
+    return await _push_at_once(request, engine, job_id, target_of)
 
 
 @router.post("/plans/dry-run", response_model=DryRunResult, responses=NOT_FOUND | BAD)
