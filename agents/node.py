@@ -88,10 +88,13 @@ class NodeState:
             job_id=self.job_id, ranks=sorted(self.ranks()), job=self.job or pb.JobSpec(),
         )
 
-    def _announcement(self) -> tuple[str, bytes, tuple[str, ...]]:
-        """What a Hello says that can change mid-stream: job id, job spec, device ids."""
+    def _announcement(self) -> tuple[str, bytes, tuple[tuple[str, int], ...]]:
+        """What a Hello says that can change mid-stream: job id, job spec, and each device
+        with the rank on it (a rank attaching to a device the agent already knew changes only
+        the latter, and the control plane maps offload decisions and loads through it)."""
         job = self.job.SerializeToString(deterministic=True) if self.job else b""
-        return self.job_id, job, tuple(d.device_id for d in self.devices)
+        return self.job_id, job, tuple((d.device_id, self.device_ranks.get(d.device_id, -1))
+                                       for d in self.devices)
 
     def ranks(self) -> set[int]:
         return self.configured_ranks | set(self.links)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import threading
 
 import grpc
 import numpy as np
@@ -16,6 +17,44 @@ JOB = pb.JobSpec(job_id="j1", layers=2, experts=4, top_k=1, world_size=2, slots_
                  ranks_per_node=2)
 
 
+class Controls:
+    """The agent's ``RankControl`` messages to one rank, read by a thread so that ``next()``
+    fails after ``seconds`` instead of hanging the test; the stream's end and its error
+    (``grpc.RpcError``) come through ``next()`` as they would from the gRPC iterator."""
+
+    _END = object()
+
+    def __init__(self, stream, rank: int, seconds: float = 30.0):
+        self.rank, self.seconds = rank, seconds
+        self._got: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        try:
+            for control in stream:
+                self._got.put(control)
+            self._got.put(self._END)
+        except grpc.RpcError as exc:
+            self._got.put(exc)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> pb.RankControl:
+        try:
+            item = self._got.get(timeout=self.seconds)
+        except queue.Empty:
+            raise AssertionError(f"rank {self.rank}: no message from the agent within "
+                                 f"{self.seconds} s") from None
+        if item is self._END:
+            self._got.put(item)  # the stream stays ended
+            raise StopIteration
+        if isinstance(item, grpc.RpcError):
+            self._got.put(item)
+            raise item
+        return item
+
+
 class Rank:
     """A synchronous NodeLocal client: messages in through a queue, controls out."""
 
@@ -24,7 +63,8 @@ class Rank:
         self.outbox: queue.Queue = queue.Queue()
         self.outbox.put(pb.RankMessage(hello=pb.RankHello(
             job=job, rank=rank, device_id=device_id or f"node-0/gpu{rank}")))
-        self.responses = pb_grpc.NodeLocalStub(channel).Attach(iter(self.outbox.get, None))
+        self.responses = Controls(pb_grpc.NodeLocalStub(channel).Attach(
+            iter(self.outbox.get, None)), rank)
 
     def step(self, step: int, counts: np.ndarray, memory: pb.MemoryProfile | None = None) -> None:
         self.outbox.put(pb.RankMessage(step=pb.RankStep(
@@ -79,3 +119,20 @@ def test_a_rank_of_another_job_is_refused(local_agent):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "hello.job.job_id" in err.value.details()
     rank.close()
+
+
+def test_each_attaching_rank_is_announced_with_its_device(local_agent):
+    """The sim collector already knows node-0/gpu0 and gpu1: a rank attaching to one changes
+    only which rank runs it, and the agent still sends a fresh Hello saying so."""
+    ingest, channel = local_agent
+
+    def rank_of(device: str):
+        return lambda s: s.hellos and {d.device_id: d.rank for d in s.hellos[-1].devices}.get(device)
+
+    r0 = Rank(channel, 0)
+    ingest.wait_for(lambda s: rank_of("node-0/gpu0")(s) == 0)
+    r1 = Rank(channel, 1)
+    ingest.wait_for(lambda s: rank_of("node-0/gpu1")(s) == 1)
+    assert ingest.snapshot(lambda s: [d.rank for d in s.hellos[-1].devices][:2]) == [0, 1]
+    r0.close()
+    r1.close()

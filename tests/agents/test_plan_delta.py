@@ -39,6 +39,13 @@ def placement(plan: pb.PlacementPlan) -> np.ndarray:
     return decode_array(plan.phy2log, "plan.phy2log", ndim=2, kinds="iu")
 
 
+def attached(ingest: FakeIngest, *ranks: int) -> None:
+    """Until the agent announced every rank in ``ranks`` as attached (its device in a Hello carries the rank).
+    ``Hello.ranks`` does not say it: it lists the ranks the agent was configured with."""
+    ingest.wait_for(lambda s: any({d.rank for d in h.devices} >= set(ranks)
+                                  and h.job.layers == 4 for h in s.hellos))
+
+
 def plan_reports(ingest: FakeIngest, state: int):
     return ingest.wait_for(lambda s: [m.plan_report for m in s.stored.values()
                                       if m.WhichOneof("body") == "plan_report"
@@ -48,7 +55,7 @@ def plan_reports(ingest: FakeIngest, state: int):
 def test_delta_with_an_unknown_base_is_reported_failed_and_never_reaches_the_ranks(local_agent):
     ingest, channel = local_agent
     r0, r1 = Rank(channel, 0, JOB), Rank(channel, 1, JOB)
-    ingest.wait_for(lambda s: any(len(h.ranks) == 2 and h.job.layers == 4 for h in s.hellos))
+    attached(ingest, 0, 1)  # else a rank attaching late gets only the latest plan
     orphan = delta_plan(full_plan("j1", 6, P2, 16, 0), P2, 5, P1)  # this stream never got epoch 5
     ingest.send_plan(orphan)
     failed = plan_reports(ingest, pb.PLAN_STATE_FAILED)
@@ -142,7 +149,7 @@ def test_serve_sends_the_second_plan_as_a_delta_and_a_reconnect_in_full(database
 def test_ranks_get_full_plans_in_a_narrow_dtype_and_accept_it(local_agent):
     ingest, channel = local_agent
     r0 = Rank(channel, 0, JOB)
-    ingest.wait_for(lambda s: any(h.job.layers == 4 for h in s.hellos))
+    attached(ingest, 0)
     plan = full_plan("j1", 2, P1, 16, 0)
     assert plan.phy2log.dtype == "uint8"
     ingest.send_plan(plan)
