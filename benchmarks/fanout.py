@@ -29,10 +29,12 @@ per agent (p50/p99), and the PlacementPlan bytes each agent received (median).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,8 +42,18 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 
-from benchmarks.scaleharness import REDIS, loadgen, pg_database, read_json, start_serve
+from benchmarks.scaleharness import (
+    REDIS,
+    cpu_of,
+    free_port,
+    loadgen,
+    pg_database,
+    postgres_cpu,
+    read_json,
+    start_serve,
+)
 from controlplane.balancing import identity_placement, plan_placement
 from controlplane.loadgen.stats import percentiles
 
@@ -116,7 +128,7 @@ def one(agents: int, a, tmp: Path) -> list[dict]:
             def applied(epoch: int) -> None:
                 wait(lambda: any(p["epoch"] == epoch and p["status"] == "applied"
                                  for p in http.get(f"/jobs/{JOB}/plans", params={"limit": 3}).json()),
-                     300, f"plan {epoch} applied")
+                     300, f"plan {epoch} applied", a.poll_s)
 
             def operator(phy2log: np.ndarray, reason: str) -> int:
                 r = http.post(f"/jobs/{JOB}/plans", json={"phy2log": phy2log.tolist(), "reason": reason})
@@ -124,8 +136,14 @@ def one(agents: int, a, tmp: Path) -> list[dict]:
                 applied(r.json()["epoch"])
                 return r.json()["epoch"]
 
+            lg_pids = [lg.pid] + [c.pid for c in psutil.Process(lg.pid).children(recursive=True)]
+            serve_pids = [s.pid for s in servers]
+
             def rounds(targets: list[int]) -> dict[int, float]:
+                """Push ``a.rounds`` plans; the pushed time by epoch. Adds the CPU seconds per round
+                of serve, loadgen and PostgreSQL over these rounds to ``cpu``."""
                 pushed = {}
+                cpu0 = [sum(map(cpu_of, serve_pids)), sum(map(cpu_of, lg_pids)), postgres_cpu()]
                 for i in range(a.rounds):
                     if i and a.settle_s:
                         time.sleep(a.settle_s)  # pacing between plans, not waiting on a state
@@ -135,7 +153,11 @@ def one(agents: int, a, tmp: Path) -> list[dict]:
                     applied(epoch)
                     events = http.get(f"/jobs/{JOB}/plans/{epoch}").json()["events"]
                     pushed[epoch] = next(ev["ts"] for ev in events if ev["status"] == "pushed")
+                cpu1 = [sum(map(cpu_of, serve_pids)), sum(map(cpu_of, lg_pids)), postgres_cpu()]
+                cpu[len(cpu)] = tuple((b - a0) / a.rounds for a0, b in zip(cpu0, cpu1, strict=True))
                 return pushed
+
+            cpu: dict[int, tuple[float, ...]] = {}  # row -> (serve, loadgen, postgres) CPU s per round
 
             ea = operator(pa, "fanout benchmark: placement A")
             eb = operator(pb, "fanout benchmark: placement B")
@@ -148,10 +170,48 @@ def one(agents: int, a, tmp: Path) -> list[dict]:
             for s in servers:
                 s.stop()
     got = read_json(tmp, f"fanout-{agents}")["plans"]
-    return [
-        row(agents, got, inc, f"incremental ({how})", float((pa != pb).mean())),
-        row(agents, got, full, "full (identity ↔ reshuffled)", float((pr != ident).mean())),
+    rows = [
+        row(agents, got, inc, f"incremental ({how})", float((pa != pb).mean())) | {"cpu": cpu[0]},
+        row(agents, got, full, "full (identity ↔ reshuffled)", float((pr != ident).mean())) | {"cpu": cpu[1]},
     ]
+    if a.bare:
+        rows += bare(agents, a, tmp, slots, {"a": pa, "b": pb, "r": pr, "ident": ident},
+                     [float((pa != pb).mean()), float((pr != ident).mean())])
+    return rows
+
+
+def bare(agents: int, a, tmp: Path, slots: int, placements: dict, changed: list[float]) -> list[dict]:
+    """The same rows against ``benchmarks.bare_fanout`` (same loadgen, same plan bytes, a
+    grpc.aio server with nothing behind it): the transport's own fan-out time in this session."""
+    np.savez(tmp / "placements.npz", slots=slots, **placements)
+    port = free_port()
+    out = tmp / f"bare-{agents}.json"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.bare_fanout", "--port", str(port), "--agents", str(agents),
+         "--rounds", str(a.rounds), "--job", JOB, "--placements", str(tmp / "placements.npz"),
+         "--settle-s", str(a.settle_s), "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lg = None
+    try:
+        server.stdout.readline()  # listening
+        lg = loadgen([f"127.0.0.1:{port}"], tmp, "--nodes", str(agents), "--ranks-per-node",
+                     str(a.ranks_per_node), "--step-time", "0", "--sample-interval", "0",
+                     "--duration", "3600", "--processes", str(a.lg_processes), "--job", JOB,
+                     "--layers", str(a.layers), "--experts", str(a.experts), name=f"bare-fanout-{agents}")
+        server.wait(1800)
+        if server.returncode != 0:
+            raise RuntimeError(f"bare fanout server exited {server.returncode}: {server.stdout.read()[-2000:]}")
+    finally:
+        if lg is not None:
+            os.killpg(lg.pid, signal.SIGTERM)
+            lg.wait(120)
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)
+    res = json.loads(out.read_text())
+    got = read_json(tmp, f"bare-fanout-{agents}")["plans"]
+    return [row(agents, got, {int(e): t for e, t in res["pushed"][kind].items()}, f"bare transport: {kind}", c)
+            | {"cpu": (res["cpu"][kind],)} for kind, c in zip(("incremental", "full"), changed, strict=True)]
 
 
 def row(agents: int, got: list, pushed: dict[int, float], kind: str, changed: float) -> dict:
@@ -184,13 +244,19 @@ def main(argv=None) -> int:
                     help="pause between a round's plan being applied and the next push (seconds); the "
                          "control loop itself spaces plans by its minimum interval (10 s by default). 0: back to back, "
                          "so a round can overlap the acks and report handling of the one before")
+    ap.add_argument("--poll-s", type=float, default=0.1,
+                    help="period of the REST poll for a round's plan being applied (seconds); it only decides "
+                         "when the next round starts, and each poll costs the serve process CPU during the fan-out")
+    ap.add_argument("--no-bare", dest="bare", action="store_false",
+                    help="skip the bare-transport baseline (benchmarks.bare_fanout) run after each agent count")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-fanout-"))
     rows = []
     for n in a.agents:
-        rows += one(n, a, tmp)
-        for r in rows[-2:]:
+        mine = one(n, a, tmp)
+        rows += mine
+        for r in mine:
             print(r, flush=True)
     lines = [
         "Command: `.venv/bin/python -m benchmarks.fanout " + " ".join(argv if argv is not None else sys.argv[1:]) + "`",
@@ -200,13 +266,22 @@ def main(argv=None) -> int:
         f"agents are `moeplane loadgen` streams over {a.lg_processes} processes, each node with "
         f"{a.ranks_per_node} rank(s); phy2log [{a.layers}, G*S], E = {a.experts}. Budget: p99 ≤ 200 ms.", "",
         "| agents | plans | slots changed | plan bytes per agent | sent as delta | rounds | last agent p50 ms | "
-        "last agent p99 ms | per agent p50 ms | per agent p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "last agent p99 ms | per agent p50 ms | per agent p99 ms | serve CPU ms per round | "
+        "loadgen CPU ms per round | PostgreSQL CPU ms per round |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(f"| {r['agents']} | {r['kind']} | {r['changed']:.1%} | {r['plan_bytes']:,.0f} | "
                      f"{r['delta_share']:.0%} | {r['rounds']} | {r['all']['p50'] * 1e3:.1f} | "
-                     f"{r['all']['p99'] * 1e3:.1f} | {r['agent']['p50'] * 1e3:.1f} | {r['agent']['p99'] * 1e3:.1f} |")
+                     f"{r['all']['p99'] * 1e3:.1f} | {r['agent']['p50'] * 1e3:.1f} | {r['agent']['p99'] * 1e3:.1f} | "
+                     + " | ".join(f"{c * 1e3:.0f}" for c in r["cpu"]) + " |" + " – |" * (3 - len(r["cpu"])))
+    ratios = [f"- {o['agents']} agents, {o['kind']}: last agent p50 {o['all']['p50'] / b['all']['p50']:.2f}x, "
+              f"p99 {o['all']['p99'] / b['all']['p99']:.2f}x the bare transport"
+              for o in rows for b in rows
+              if b["agents"] == o["agents"] and b["kind"] == "bare transport: " + o["kind"].split(" (")[0]]
+    if ratios:
+        lines += ["", "Ours against the bare transport (`benchmarks.bare_fanout`, same loadgen and plan bytes, "
+                  "run right after ours; its CPU column is the bare server's):", *ratios]
     report = "\n".join(lines) + "\n"
     print(report)
     if a.out:
