@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from controlplane.balancing.costs import CostTables, use_tables
 from controlplane.balancing.placement import gpu_expert_counts, replica_counts, take_rows
 from controlplane.balancing.steps import best_steps, extra_swaps
 
@@ -68,7 +69,8 @@ def _receive_weight(received: np.ndarray) -> np.ndarray:
     """Cost weight of a move onto each GPU, ``received [G]`` moves it already takes: a rank
     receiving more than the mean costs more (a re-plan stalls for the rank that receives
     the most weights), one receiving less costs less; 1 when all receive alike."""
-    return (received + _RECEIVE_SMOOTH) / (received.mean() + _RECEIVE_SMOOTH)
+    # sum / count: np.mean's result, without its Python-level overhead
+    return (received + _RECEIVE_SMOOTH) / (received.sum() / len(received) + _RECEIVE_SMOOTH)
 
 
 def _heavy_count(gpus: int, costed: bool) -> int:
@@ -123,11 +125,14 @@ def local_search(
             nodes = int(node_of_gpu.max()) + 1
             node_has = ref_has.reshape(num_layers, nodes, gpus // nodes, num_experts).any(2)
         code = cnt.astype(np.int16) * 2 + ref_has
+    tables = None
+    if code is not None and use_tables(code):
+        tables = CostTables(node_has, node_of_gpu, cross_weight)
     done_steps = np.zeros(num_layers, dtype=np.int64)
-    steps_log: list[np.ndarray] = []
-    points_log: list[np.ndarray] = []
+    steps_log: list[tuple[np.ndarray, ...]] = []  # per round: (layers, s1, e1, s2, e2)
+    points_log: list[tuple[np.ndarray, ...]] = []  # per batch: (layer, steps, moves, bal)
     active = np.arange(num_layers)
-    cached = None  # (layers, cx, per, lg) of the state the next round starts from
+    cached = None  # (layers, wx, cx, per, lg) of the state the next round starts from
 
     for round_no in range(max_steps + 1):
         if active.size == 0:
@@ -136,63 +141,71 @@ def local_search(
         wa = w[active]
         ca = rc[active]
         if cached is not None and np.array_equal(cached[0], active):
-            cx, per, lg = cached[1:]  # the previous round's prefix points computed them
+            wx, cx, per, lg = cached[1:]  # the previous round's prefix points computed them
         else:
             cx = take_rows(ca, ph)
-            per = take_rows(wa, ph) / cx
+            wx = take_rows(wa, ph)
+            per = wx / cx
             lg = per.reshape(len(active), gpus, spg).sum(axis=2)
         cached = None
         by_load = np.argsort(lg, axis=1, kind="stable")  # ascending
-        l1 = take_rows(lg, by_load[:, -1:])[:, 0]
-        mean = lg.mean(axis=1)
-        bal = np.where(mean > 0, l1 / np.where(mean > 0, mean, 1.0), 1.0)
-        points_log.append(
-            np.stack([active, done_steps[active], moves[active], bal], axis=1).astype(float)
-        )
-        stop = (mean <= 0) | (gpus < 2)
+        l1 = lg.max(axis=1)
+        mean = lg.sum(axis=1) / gpus
+        loaded = mean > 0
+        bal = np.where(loaded, l1 / np.where(loaded, mean, 1.0), 1.0)
+        points_log.append((active, done_steps[active], moves[active], bal))
+        stop = ~loaded
+        if gpus < 2:
+            stop[:] = True
         if target is not None:
             stop |= bal <= target[active]
         if round_no == max_steps or stop.all():
             break
-        keep = ~stop
-        active, ph, wa, ca, cx, per, lg, by_load, l1 = (
-            v[keep] for v in (active, ph, wa, ca, cx, per, lg, by_load, l1)
-        )
-        level = None if target is None or not costed else target[active] * lg.mean(axis=1)
+        if stop.any():
+            keep = ~stop
+            active, ph, wa, ca, wx, cx, per, lg, by_load, l1, mean = (
+                v[keep] for v in (active, ph, wa, ca, wx, cx, per, lg, by_load, l1, mean)
+            )
+        level = None if target is None or not costed else target[active] * mean
         gpu_weight = None if received is None else _receive_weight(received)
+        if tables is not None:
+            tables.update(code, gpu_weight)
         partners = by_load[:, :n_part]
         second = by_load[:, -3:-1][:, ::-1] if gpus >= 3 else by_load[:, -2:-1].repeat(2, 1)
-        found = [
-            best_steps(
-                active, ph, wa, ca, cx, per, lg, by_load[:, -1], l1, second, partners,
-                cnt, code, node_has, node_of_gpu, cross_weight, gpu_weight, spg, level,
-            )
-        ]
+        found = best_steps(
+            active, ph, wa, ca, wx, cx, per, lg, by_load[:, -1], l1, second, partners,
+            cnt, code, node_has, node_of_gpu, cross_weight, gpu_weight, tables, spg, level,
+        )
         if heavy > 1:
             taken = np.zeros((len(active), gpus), dtype=bool)  # the top GPU's partner
-            if found[0] is not None:
-                step_rows = np.searchsorted(active, found[0][0])
-                taken[step_rows, slot_gpu[found[0][1]]] = True
-                two = found[0][3] >= 0
-                taken[step_rows[two], slot_gpu[found[0][3][two]]] = True
-            found.append(
-                extra_swaps(
-                    active, ph, per, lg, by_load[:, -heavy:-1][:, ::-1], partners, taken,
-                    code, node_has, node_of_gpu, cross_weight, gpu_weight, spg, level,
-                )
+            if found is not None:
+                step_rows = np.searchsorted(active, found[0])
+                taken[step_rows, slot_gpu[found[1]]] = True
+                two = found[3] >= 0
+                taken[step_rows[two], slot_gpu[found[3][two]]] = True
+            more = extra_swaps(
+                active, ph, per, lg, by_load[:, -heavy:-1][:, ::-1], partners, taken,
+                code, node_has, node_of_gpu, cross_weight, gpu_weight, spg, level,
             )
-        found = [f for f in found if f is not None]
-        if not found:
+            if more is not None:
+                # ``extra`` marks the steps after a layer's top step; without any top step
+                # the round's points are the next round's starting ones
+                if found is None:
+                    found, extra = more, np.zeros(len(more[0]), dtype=bool)
+                else:
+                    found = tuple(np.concatenate(p) for p in zip(found, more, strict=True))
+                    extra = np.arange(len(found[0])) >= len(found[0]) - len(more[0])
+                order = np.argsort(found[0], kind="stable")  # per layer: top GPU's step first
+                found = tuple(v[order] for v in found) + (extra[order],)
+        if found is None:
             break
-        layers, s1, e1, s2, e2 = (np.concatenate(parts) for parts in zip(*found, strict=True))
-        extra = np.concatenate([np.full(len(f[0]), k > 0) for k, f in enumerate(found)])
-        order = np.argsort(layers, kind="stable")  # per layer: the top GPU's step first
-        layers, s1, e1, s2, e2, extra = (
-            v[order] for v in (layers, s1, e1, s2, e2, extra)
-        )
-        steps_log.append(np.stack([layers, s1, e1, s2, e2], axis=1))
+        # without extra swaps the steps are one per layer, in the order of ``active``
+        single = len(found) == 5
+        layers, s1, e1, s2, e2 = found[:5]
+        steps_log.append((layers, s1, e1, s2, e2))
         # every (layer, GPU, expert) whose count a step may change, before the change; the
-        # steps of one layer in a round touch disjoint GPUs, so each key has one step
+        # steps of one layer in a round touch disjoint GPUs and each step replaces an expert
+        # with another, so each key occurs once
         two = np.nonzero(s2 >= 0)[0]
         idx = np.arange(len(layers))
         t_step = np.concatenate([idx, idx, two, two])
@@ -215,20 +228,28 @@ def local_search(
         step_moves = np.zeros(len(layers))
         if costed:
             is_move = (cnt.ravel()[key] > 0) & ~ref_has.ravel()[key]
-            _, once = np.unique(key, return_index=True)  # a swap's keys may repeat
-            change = (is_move.astype(float) - was_move)[once]
-            step_moves = np.bincount(t_step[once], weights=change, minlength=len(layers))
-            received += np.bincount(t_gpu[once], weights=change, minlength=gpus)
-        if extra.any():
-            pts, cached = _prefix_points(w, phy, rc, layers, s1, s2, extra, step_moves,
+            change = is_move.astype(float) - was_move
+            step_moves = np.bincount(t_step, weights=change, minlength=len(layers))
+            received += np.bincount(t_gpu, weights=change, minlength=gpus)
+        if single:
+            moves[layers] += step_moves
+            done_steps[layers] += 1
+            active = layers
+            continue
+        if found[5].any():
+            pts, cached = _prefix_points(w, phy, rc, layers, s1, s2, found[5], step_moves,
                                          done_steps, moves, gpus)
             points_log.append(pts)
         moves += np.bincount(layers, weights=step_moves, minlength=num_layers)
         done_steps += np.bincount(layers, minlength=num_layers)
         active = np.unique(layers)
 
-    steps = np.concatenate(steps_log) if steps_log else np.zeros((0, 5), dtype=np.int64)
-    points = np.concatenate(points_log) if points_log else np.zeros((0, 4))
+    if steps_log:
+        steps = np.stack([np.concatenate(col) for col in zip(*steps_log, strict=True)], axis=1)
+    else:
+        steps = np.zeros((0, 5), dtype=np.int64)
+    points = np.stack([np.concatenate(col) for col in zip(*points_log, strict=True)], axis=1)
+    points = points.astype(np.float64, copy=False)
     return Trajectory(start=start.copy(), steps=steps.astype(np.int64), points=points)
 
 
@@ -239,13 +260,15 @@ def _prefix_points(w, phy, rc, layers, s1, s2, extra, step_moves, done_steps, mo
     step first; ``extra``: a swap of a further heavy GPU); ``phy``, ``rc`` already updated.
     Loads after the last step are recomputed; earlier ones undo the later swaps (a swap keeps
     replica counts, so its effect is exactly the two slots' loads exchanged). Returns the
-    points ``[K, 4]`` and (layers ``[U]``, replicas of each slot's expert, load per slot
-    ``[U, N]``, GPU loads ``[U, G]``) after the round, which the next round starts from.
+    points as four ``[K]`` columns and (layers ``[U]``, load and replicas of each slot's
+    expert, load per slot ``[U, N]``, GPU loads ``[U, G]``) after the round, which the next
+    round starts from.
     """
     uniq, first, inverse = np.unique(layers, return_index=True, return_inverse=True)
     ph = phy[uniq]
     cx = take_rows(rc[uniq], ph)
-    per = take_rows(w[uniq], ph) / cx
+    wx = take_rows(w[uniq], ph)
+    per = wx / cx
     lg_end = per.reshape(len(uniq), gpus, -1).sum(axis=2)  # [U, G]
     spg = phy.shape[1] // gpus
     k = len(layers)
@@ -264,7 +287,5 @@ def _prefix_points(w, phy, rc, layers, s1, s2, extra, step_moves, done_steps, mo
     mcum = np.cumsum(step_moves)
     mseg = mcum - np.where(first > 0, mcum[np.maximum(first - 1, 0)], 0.0)[inverse]
     pos = np.arange(k) - first[inverse]
-    points = np.stack(
-        [layers, done_steps[layers] + pos + 1, moves[layers] + mseg, bal], axis=1
-    ).astype(float)
-    return points, (uniq, cx, per, lg_end)
+    points = (layers, done_steps[layers] + pos + 1, moves[layers] + mseg, bal)
+    return points, (uniq, wx, cx, per, lg_end)
