@@ -49,21 +49,25 @@ def pack_replicas(
     experts = np.take_along_axis(experts, order, axis=1)
     weight = np.take_along_axis(weight, order, axis=1)
 
-    # flat views, one update each per slot: ``avail`` is a GPU's load, or inf once full
+    # flat views, one update each per slot: ``avail`` is a GPU's load, or inf once full;
+    # ``nxt`` the flat index of its next free slot (full once a multiple of S)
+    experts = np.ascontiguousarray(experts.T)  # [N, L]: the k-th heaviest replica per layer
+    weight = np.ascontiguousarray(weight.T)
     avail = np.zeros(num_layers * gpus)
-    fill = np.zeros(num_layers * gpus, dtype=np.int64)
     phy2log = np.empty(num_layers * num_slots, dtype=np.int64)
+    nxt = np.arange(num_layers * gpus) * slots_per_gpu
     gpu_base = np.arange(num_layers) * gpus
-    slot_base = np.arange(num_layers) * num_slots
     avail_2d = avail.reshape(num_layers, gpus)
     for k in range(num_slots):
-        gpu = np.argmin(avail_2d, axis=1)  # lightest GPU with a free slot (lowest index)
-        at = gpu_base + gpu
-        f = fill[at]
-        phy2log[slot_base + gpu * slots_per_gpu + f] = experts[:, k]
-        fill[at] = f + 1
-        avail[at] += weight[:, k]
-        avail[at[f + 1 >= slots_per_gpu]] = np.inf
+        at = avail_2d.argmin(axis=1)  # lightest GPU with a free slot (lowest index)
+        at += gpu_base
+        slot = nxt[at]
+        phy2log[slot] = experts[k]
+        slot += 1
+        nxt[at] = slot
+        load = avail[at] + weight[k]
+        load[slot % slots_per_gpu == 0] = np.inf
+        avail[at] = load
     phy2log = phy2log.reshape(num_layers, num_slots)
     return phy2log
 

@@ -200,15 +200,16 @@ def best_steps(
         return None
     r = np.nonzero(ok_row)[0]
     within = best[r]
+    # (i, j): a's slot and the candidate's other index within its block; np.where below
+    # evaluates every branch, so each decoding is kept in range (``%``: never negative)
     kind = (within >= off_ra).astype(np.int64) + (within >= off_rb)
-    # np.where evaluates every branch: keep each decoding in range
-    i_sj, j_sj = np.divmod(np.minimum(within, off_ra - 1), n_j)  # swap: (i, j)
-    i_ra, j_ra = np.divmod(np.clip(within - off_ra, 0, off_rb - off_ra - 1), n_r)
-    i_rb, k_rb = np.divmod(np.maximum(within - off_rb, 0), n_y)
-    s1 = np.where(kind == 0, sa[r, i_sj], np.where(kind == 1, jr[r, j_ra], sa[r, i_rb]))
-    e1 = np.where(kind == 0, xj[r, j_sj], np.where(kind == 1, xa[r, i_ra], ycand[r, k_rb]))
-    s2 = np.where(kind == 0, js[r, j_sj], -1)
-    e2 = np.where(kind == 0, xa[r, i_sj], -1)
+    i, j = np.divmod(within - np.array([0, off_ra, off_rb])[kind], np.array([n_j, n_r, n_y])[kind])
+    is_swap = kind == 0
+    s1 = np.where(kind == 1, jr[r, j % n_r], a[r] * spg + i)
+    jj = j % n_j
+    e1 = np.where(is_swap, xj[r, jj], np.where(kind == 1, xa[r, i], ycand[r, j % n_y]))
+    s2 = np.where(is_swap, js[r, jj], -1)
+    e2 = np.where(is_swap, xa[r, i], -1)
     return active[r], s1, e1, s2, e2
 
 
