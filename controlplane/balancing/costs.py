@@ -20,6 +20,7 @@ import numpy as np
 __all__ = ["GAIN", "LOSE", "CostTables", "pair_cost", "use_tables"]
 
 GAIN, LOSE = 0, 2  # codes: gaining the expert is a move / losing it removes a move
+_WHICH = np.array([GAIN, LOSE], dtype=np.int16).reshape(2, 1, 1, 1)
 _TABLE_MAX = 1 << 16  # largest L*G*E for which whole tables are rebuilt every round
 
 
@@ -66,12 +67,9 @@ class CostTables:
         self.gain = self.lose = None
 
     def update(self, code: np.ndarray, gpu_weight: np.ndarray | None) -> None:
-        self.gain = self._table(code, gpu_weight, GAIN)
-        self.lose = self._table(code, gpu_weight, LOSE)
-
-    def _table(self, code, gpu_weight, which):
-        hit = code == which
+        # both tables in one pass: [2, L, G, E], GAIN then LOSE
+        hit = code == _WHICH
         out = hit.astype(np.float64) if self._node is None else self._node * hit
         if gpu_weight is not None:
             out *= gpu_weight[:, None]
-        return out.ravel()
+        self.gain, self.lose = out.reshape(2, -1)

@@ -167,7 +167,7 @@ def best_steps(
         np.maximum(new, floor, out=floor)
         gain = np.subtract(l1[:, None], floor, out=floor)
         useful &= gain > (1e-9 * l1)[:, None]
-        score = np.where(useful, gain, -np.inf)
+        score = np.multiply(gain, useful, out=gain)
     else:
         # costed moves: the gain is how far the step brings this GPU toward the target level
         # (a small share of any further drop breaks ties toward more margin), per move
@@ -192,10 +192,12 @@ def best_steps(
         gain += rest
         block(gain, off_ra, off_rb, n_r)[:] += relief[:, :, None]
         np.maximum(cost, _MIN_COST, out=cost)
-        score = np.where(useful, np.divide(gain, cost, out=gain), -np.inf)
-    # the best candidate of each layer (ties: the earliest, so swaps before re-points)
+        score = np.multiply(np.divide(gain, cost, out=gain), useful, out=gain)
+    # the best candidate of each layer (ties: the earliest, so swaps before re-points). A
+    # useful step scores > 0 (it lowers the GPU by more than 1e-9 of its load: the gain,
+    # including the 0.01 share of the drop, is positive); the rest score 0
     best = np.argmax(score, axis=1)
-    ok_row = np.isfinite(score[rows, best])
+    ok_row = score[rows, best] > 0
     if not ok_row.any():
         return None
     r = np.nonzero(ok_row)[0]
