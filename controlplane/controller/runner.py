@@ -42,14 +42,16 @@ def geometry(engine: Engine, job: dict) -> tuple[int, int, int] | None:
     """(world_size G, slots_per_rank S, nodes) of a job, from its spec or its nodes' ranks."""
     if not job.get("experts"):
         return None
-    nodes = q.list_nodes(engine, job["job_id"])
-    ranks = {r for n in nodes for r in n["ranks"]}
-    world = job.get("world_size") or len(ranks)
-    if not world:
-        return None
+    world = job.get("world_size")
+    if world:  # the job's spec says it: only the node count is needed (not 1,024 node rows)
+        n_nodes = q.count_nodes(engine, job["job_id"])
+    else:
+        nodes = q.list_nodes(engine, job["job_id"])
+        world, n_nodes = len({r for n in nodes for r in n["ranks"]}), len(nodes)
+        if not world:
+            return None
     slots = job.get("slots_per_rank") or math.ceil(job["experts"] / world)
-    n_nodes = len(nodes) if nodes and world % len(nodes) == 0 else 1
-    return world, slots, n_nodes
+    return world, slots, n_nodes if n_nodes and world % n_nodes == 0 else 1
 
 
 def identity(layers: int, experts: int, world: int, slots: int) -> np.ndarray:
@@ -94,9 +96,11 @@ class Controller(ReconcileLoop):
 
     def reconcile(self, job: dict, term: int) -> bytes | None:
         job_id = job["job_id"]
-        geo = geometry(self.engine, job)
         latest = job.get("latest_step")
-        if geo is None or latest is None:
+        if latest is None:  # no loads yet: nothing to decide on (and no geometry query)
+            return None
+        geo = geometry(self.engine, job)
+        if geo is None:
             return None
         world, slots, nodes = geo
         now = self.clock()

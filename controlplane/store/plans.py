@@ -264,6 +264,23 @@ def record_report(
     return outcome
 
 
+def _applied_so_far(conn, job_id: str, epoch: int, batch: set[str]) -> tuple[int, set[str]]:
+    """Before a batch of reports of plan ``epoch``: how many of the job's nodes have no applied
+    report yet, and which nodes of ``batch`` (node ids of the job) have one. Counts in SQL
+    instead of reading every node of the job and every earlier applied report per batch."""
+    done = sa.select(t.plan_events.c.node_id).where(
+        t.plan_events.c.job_id == job_id, t.plan_events.c.epoch == epoch,
+        t.plan_events.c.status == "node_applied", t.plan_events.c.node_id.is_not(None),
+    )
+    missing = conn.execute(
+        sa.select(sa.func.count()).select_from(t.nodes).where(
+            t.nodes.c.job_id == job_id, t.nodes.c.node_id.not_in(done.scalar_subquery()))
+    ).scalar_one()
+    before = set(conn.execute(done.where(t.plan_events.c.node_id.in_(batch))).scalars().all()) \
+        if batch else set()
+    return missing, before
+
+
 def record_reports(
     engine: Engine, job_id: str, epoch: int, reports: Sequence[tuple[str, str, int, str]], clock=None
 ) -> list[dict | Exception]:
@@ -292,12 +309,14 @@ def record_reports(
         asked = {r[0] for r in reports}
         member = set(conn.execute(
             sa.select(t.nodes.c.node_id).where(t.nodes.c.node_id.in_(asked), t.nodes.c.job_id == job_id)
-        ).scalars()) if asked else set()
+        ).scalars().all()) if asked else set()
         outcomes: list[dict | Exception] = []
         events: list[dict] = []  # plan_events rows in the order one-by-one reports would write them
         status = plan.status
-        nodes: set[str] | None = None  # the job's nodes and those with an applied report: read
-        applied: set[str] = set()  # on the first applied report of a pushed plan
+        # read on the first applied report of a pushed plan: how many of the job's nodes have
+        # no applied report yet, and which of this batch's nodes had one before the batch
+        missing: int | None = None
+        applied: set[str] = set()
         applied_step = None
 
         def event(status_, *, node_id=None, step=None, detail="", of_epoch=epoch):
@@ -322,16 +341,13 @@ def record_reports(
             elif state != "applied":
                 outcomes.append({"status": status})
             else:
-                if nodes is None:
-                    nodes = set(conn.execute(
-                        sa.select(t.nodes.c.node_id).where(t.nodes.c.job_id == job_id)).scalars())
-                    applied = set(conn.execute(sa.select(t.plan_events.c.node_id).where(
-                        t.plan_events.c.job_id == job_id, t.plan_events.c.epoch == epoch,
-                        t.plan_events.c.status == "node_applied",
-                    )).scalars())
-                applied.add(node_id)
-                missing = len(nodes - applied)
-                if missing:
+                if missing is None:
+                    missing, applied = _applied_so_far(conn, job_id, epoch, {
+                        r[0] for r in reports if r[1] == "applied" and r[0] in member})
+                if node_id not in applied:
+                    applied.add(node_id)
+                    missing -= 1
+                if missing > 0:
                     outcomes.append({"status": status, "waiting_for": missing})
                 else:
                     status, applied_step = str(PlanStatus.APPLIED), step

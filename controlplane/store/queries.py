@@ -89,6 +89,14 @@ def list_nodes(engine: Engine, job_id: str | None = None) -> list[dict]:
     ]
 
 
+def count_nodes(engine: Engine, job_id: str) -> int:
+    """How many nodes serve ``job_id`` (one COUNT: the controller asks every tick)."""
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.select(sa.func.count()).select_from(t.nodes).where(t.nodes.c.job_id == job_id)
+        ).scalar_one()
+
+
 def list_devices(engine: Engine, node_id: str | None = None, job_id: str | None = None) -> list[dict]:
     q = sa.select(
         t.devices.c.device_id,
