@@ -50,12 +50,16 @@ def pack_replicas(
     weight = np.take_along_axis(weight, order, axis=1)
 
     # flat views, one update each per slot: ``avail`` is a GPU's load, or inf once full;
-    # ``nxt`` the flat index of its next free slot (full once a multiple of S)
+    # ``nxt`` the flat index of its next free slot; ``last`` is inf at a GPU's last slot,
+    # else 0 (adding it to a load is exact)
     experts = np.ascontiguousarray(experts.T)  # [N, L]: the k-th heaviest replica per layer
     weight = np.ascontiguousarray(weight.T)
     avail = np.zeros(num_layers * gpus)
     phy2log = np.empty(num_layers * num_slots, dtype=np.int64)
     nxt = np.arange(num_layers * gpus) * slots_per_gpu
+    last = np.zeros((num_layers * gpus, slots_per_gpu))
+    last[:, -1] = np.inf
+    last = last.ravel()
     gpu_base = np.arange(num_layers) * gpus
     avail_2d = avail.reshape(num_layers, gpus)
     for k in range(num_slots):
@@ -63,10 +67,9 @@ def pack_replicas(
         at += gpu_base
         slot = nxt[at]
         phy2log[slot] = experts[k]
-        slot += 1
-        nxt[at] = slot
+        nxt[at] += 1
         load = avail[at] + weight[k]
-        load[slot % slots_per_gpu == 0] = np.inf
+        load += last[slot]
         avail[at] = load
     phy2log = phy2log.reshape(num_layers, num_slots)
     return phy2log
