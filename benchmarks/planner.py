@@ -1,6 +1,7 @@
 """Planner benchmark: balance, moves, time and a training replay, against EPLB's greedy.
 
     .venv/bin/python benchmarks/planner.py [--seed 0] [--replay-steps 300] [--families walk,sim]
+                                           [--skip-replay]
 
 Cases, top-8 routing:
   58x256 on 32 GPUs x 9 slots (4 nodes), 58x256 on 64 GPUs x 5 slots (8 nodes),
@@ -24,7 +25,8 @@ Measured side by side in one run, per case:
                (16 bytes per parameter) / 25 GB/s); "free fresh@10" re-plans from scratch
                with moves charged nothing: a bound for any policy on the same schedule.
                Extra rows: the same planner fed a forecast (``planner_replay.py``).
-Prints markdown tables.
+Prints markdown tables. ``--skip-replay``: only the fresh, incremental and budgeted tables (the
+same traces, so the same numbers; the replay takes most of the run's time).
 """
 
 from __future__ import annotations
@@ -137,6 +139,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sim-tokens-per-rank", type=int, default=None,
                         help="sim family: tokens each rank routes per step (default: the "
                              "workload model's default)")
+    parser.add_argument("--skip-replay", action="store_true",
+                        help="only the fresh, incremental and budgeted tables (no replay)")
     args = parser.parse_args(argv)
     families = [f for f in args.families.split(",") if f]
     if not families or set(families) - {"walk", "sim"}:
@@ -150,7 +154,8 @@ def main(argv=None) -> int:
             trace = _trace(family, steps, layers, experts, gpus, args)
             label = (name, family)
             static_rows.append((label, static_cases(trace, layers, experts, gpus, spg, nodes)))
-            replay_rows.append((label, replay(trace, experts, gpus, spg, nodes)))
+            if not args.skip_replay:
+                replay_rows.append((label, replay(trace, experts, gpus, spg, nodes)))
             print(f"done {family} {name}", file=sys.stderr, flush=True)
     _print_tables(static_rows, replay_rows)
     return 0
@@ -181,6 +186,8 @@ def _print_tables(static_rows, replay_rows):
         for share, k, moved, bal in r["budgets"]:
             print(f"| {name} | {fam} | {r['stale_bal']:.4f} | {share:.0%} = {k} | {moved} | "
                   f"{bal:.4f} |")
+    if not replay_rows:
+        return
     print("\n### Training replay (seconds per step: expert compute + stall)\n")
     print("| case | trace | ours@10 | EPLB@10 | EPLB@50 | tuned once | free fresh@10 (bound) | "
           "best EPLB / ours | once / ours | best EPLB / bound | once / bound |")
