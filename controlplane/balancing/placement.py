@@ -70,9 +70,8 @@ def gpu_loads(loads: np.ndarray, phy2log: np.ndarray, gpus: int) -> np.ndarray:
     """
     loads = np.asarray(loads, dtype=np.float64)
     counts = replica_counts(phy2log, loads.shape[1])
-    per_slot = np.take_along_axis(loads, phy2log, axis=1) / np.take_along_axis(
-        counts, phy2log, axis=1
-    )
+    rows = np.arange(phy2log.shape[0])[:, None]
+    per_slot = loads[rows, phy2log] / counts[rows, phy2log]
     return per_slot.reshape(phy2log.shape[0], gpus, -1).sum(axis=2)
 
 

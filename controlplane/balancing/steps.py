@@ -128,11 +128,10 @@ def best_steps(
 
     # re-point partner slot j (expert x with >= 2 replicas) to y = an expert on a
     ra_a = l1_3 - (n_a_y * dy_down)[:, :, None] + (n_a_xr * dx_up_r)[:, None, :]
-    ra_b = (
-        (lb[rw, pos] + n_b_xr * dx_up_r - per_minus[rw, jr])[:, None, :]
-        - n_b_y * dy_down[:, :, None]
-        + per_plus[:, :, None]
-    )
+    # (b's load + x's rise - x's replica) - y's drop on b + y's new replica, in place
+    ra_b = n_b_y * dy_down[:, :, None]
+    np.subtract((lb[rw, pos] + n_b_xr * dx_up_r - per_minus[rw, jr])[:, None, :], ra_b, out=ra_b)
+    ra_b += per_plus[:, :, None]
     np.maximum(ra_a, ra_b, out=ra_a)
     np.maximum(ra_a, hx[rw, xr][:, None, :], out=block(new, off_ra, off_rb, n_r))
     ra_ok = xr[:, None, :] != xa[:, :, None]
@@ -182,11 +181,12 @@ def best_steps(
             cross_weight, gpu_weight, active, a, a_base, bj, gbase[rw, js], xa, xj, ycand,
             jr // spg, br_base, xr, key_ay, key_by,
         )
-        gain = np.maximum(new, level[:, None])
-        np.subtract(l1[:, None], gain, out=gain)
-        rest = np.subtract(l1[:, None], new, out=new)  # ``new`` is not needed any more
-        rest *= 0.01
-        gain += rest
+        # l1 - max(new, level) + 0.01 * (l1 - new), the first term as min(l1 - new, l1 -
+        # level): rounding is monotonic, so both forms give the same float
+        drop = np.subtract(l1[:, None], new, out=new)  # ``new`` is not needed any more
+        gain = np.minimum(drop, (l1 - level)[:, None])
+        drop *= 0.01
+        gain += drop
         block(gain, off_ra, off_rb, n_r)[:] += relief[:, :, None]
         np.maximum(cost, _MIN_COST, out=cost)
         score = np.multiply(np.divide(gain, cost, out=gain), useful, out=gain)
