@@ -23,6 +23,7 @@ import numpy as np
 from sqlalchemy.engine import Engine
 
 from controlplane.controller.runner import plan_message
+from controlplane.ingest.following import SharedChannels
 from controlplane.store import plans
 from controlplane.wire import moeplane_pb2 as pb
 from controlplane.wire.framing import length_delimited
@@ -49,81 +50,37 @@ class Published:
     base_epoch: int = 0
 
 
-@dataclass
-class _Following:
-    """The streams of one job on this replica and their one bus subscription."""
-
-    streams: set[StreamPlans]
-    ready: asyncio.Event
-    sub: object = None
-    task: asyncio.Task | None = None
-
-
 class PlanCache:
-    """One per ingest service: per job, the last plan this replica published to its streams,
-    and ONE subscription to ``plans.<job>`` that hands each plan to every stream of the job
-    (not one per stream: with Redis that was a connection per stream, and the plan crossed
-    Redis once per stream)."""
+    """One per ingest service: per job, the last plan this replica published to its streams;
+    the streams of a job share one subscription to ``plans.<job>`` (:class:`SharedChannels`)."""
 
-    def __init__(self, bus) -> None:
-        self.bus = bus
+    def __init__(self, channels: SharedChannels) -> None:
+        self.channels = channels
         self._jobs: dict[str, Published] = {}
-        self._following: dict[str, _Following] = {}
+        self._bad: bytes | None = None  # the last payload that was not a plan (logged once)
         self.sent: Counter[str] = Counter()  # plans put on streams: "full" | "delta"
 
     async def follow(self, job_id: str, stream: StreamPlans) -> None:
         """Hand ``stream`` every plan of ``job_id`` published from now on (returns once the
         bus subscription is live, so the caller may read the running plan after it)."""
-        f = self._following.get(job_id)
-        if f is None:
-            f = self._following[job_id] = _Following(set(), asyncio.Event())
-            f.streams.add(stream)
-            try:
-                f.sub = await self.bus.subscribe(f"plans.{job_id}")
-            except BaseException:
-                self._following.pop(job_id, None)
-                f.ready.set()
-                raise
-            f.task = asyncio.create_task(self._forward(job_id, f))
-            f.ready.set()
-            if not f.streams:  # every stream left while the subscription was being made
-                await self.unfollow(job_id, stream)
-        else:
-            f.streams.add(stream)
-            await f.ready.wait()
-            if self._following.get(job_id) is not f:  # its subscription failed meanwhile
-                raise ConnectionError(f"cannot follow plans of job {job_id!r}")
+        await self.channels.follow(f"plans.{job_id}", stream,
+                                   lambda payload: self._deliver(job_id, stream, payload))
 
     async def unfollow(self, job_id: str, stream: StreamPlans) -> None:
-        """Stop handing plans of ``job_id`` to ``stream``; the last stream closes the subscription."""
-        f = self._following.get(job_id)
-        if f is None:
-            return
-        f.streams.discard(stream)
-        if not f.streams and f.ready.is_set():
-            self._following.pop(job_id, None)
-            if f.task is not None:
-                f.task.cancel()
-            if f.sub is not None:
-                await f.sub.close()
+        """Stop handing plans of ``job_id`` to ``stream``."""
+        await self.channels.unfollow(f"plans.{job_id}", stream)
 
-    async def _forward(self, job_id: str, f: _Following) -> None:
+    def _deliver(self, job_id: str, stream: StreamPlans, payload: bytes) -> None:
         try:
-            async for _channel, payload in f.sub:
-                try:
-                    pub = self.published(job_id, payload)
-                except Exception as exc:  # not a plan (WireError, DecodeError): the next may be
-                    log.error("plan published on plans.%s dropped: %s", job_id, exc)
-                    continue
-                for stream in list(f.streams):
-                    message = stream.message_for(job_id, pub)
-                    if message is not None:
-                        stream.out.put_nowait(message)
-        finally:
-            if self._following.get(job_id) is f and f.streams:  # not an unfollow: the bus failed
-                self._following.pop(job_id, None)
-                log.warning("subscription to plans.%s ended: %d stream(s) get no new plans until "
-                            "they reconnect", job_id, len(f.streams))
+            pub = self.published(job_id, payload)  # built once: the same bytes for every stream
+        except Exception as exc:  # not a plan (WireError, DecodeError): the next may be
+            if payload is not self._bad:
+                self._bad = payload
+                log.error("plan published on plans.%s dropped: %s", job_id, exc)
+            return
+        message = stream.message_for(job_id, pub)
+        if message is not None:
+            stream.out.put_nowait(message)
 
     def published(self, job_id: str, payload: bytes) -> Published:
         """The shared messages of a plan published on the bus (a serialized full

@@ -26,6 +26,7 @@ from controlplane.ingest import memory as m
 from controlplane.ingest import planpush, planreports
 from controlplane.ingest import validate as v
 from controlplane.ingest.batcher import Batcher
+from controlplane.ingest.following import SharedChannels
 from controlplane.store import memory_profiles, offload
 from controlplane.store.queries import NotFound
 from controlplane.store.records import MarkerRecord
@@ -90,7 +91,8 @@ class IngestService(rpc.IngestServicer):
         self.clock = clock
         self.tokens = tokens
         self.connected: dict[str, int] = {}  # node_id -> open streams
-        self.plans = planpush.PlanCache(bus)  # shared plan bytes, one subscription per job
+        self.channels = SharedChannels(bus)  # one bus subscription per job channel, not per stream
+        self.plans = planpush.PlanCache(self.channels)  # shared plan bytes
         self.plan_reports = planreports.PlanReports(writer.engine, clock)  # one transaction per batch
 
     async def Connect(self, request_iterator, context):  # noqa: N802 - gRPC method name
@@ -174,7 +176,7 @@ class _Stream:
         self.devices: set[str] = set()  # only grows: a layout checked once stays valid
         self.checked_layouts = v.CheckedLayouts()
         self.in_flight = asyncio.Semaphore(svc.max_in_flight)
-        self.follows: list[tuple[object, asyncio.Task]] = []  # bus subscriptions of the job
+        self.follows: list[str] = []  # bus channels of the job this stream follows (besides plans)
         self.principal: Principal | None = None  # None: open mode
         self.plans = planpush.StreamPlans(svc.plans, out)
 
@@ -257,20 +259,18 @@ class _Stream:
 
     async def _follow(self, channel: str, control: Callable[[bytes], object | None]) -> None:
         """Forward each payload published on ``channel`` as ``control(payload)`` (None: skip)."""
-        sub = await self.svc.bus.subscribe(channel)
 
-        async def forward():
-            async for _channel, payload in sub:
-                message = control(payload)
-                if message is not None:
-                    self.out.put_nowait(message)
+        def deliver(payload: bytes) -> None:
+            message = control(payload)
+            if message is not None:
+                self.out.put_nowait(message)
 
-        self.follows.append((sub, asyncio.create_task(forward())))
+        self.follows.append(channel)
+        await self.svc.channels.follow(channel, self, deliver)
 
     async def _unfollow(self) -> None:
-        for sub, task in self.follows:
-            await sub.close()
-            task.cancel()
+        for channel in self.follows:
+            await self.svc.channels.unfollow(channel, self)
         self.follows.clear()
 
     def _offload_control(self, payload: bytes) -> pb.ControlMessage | None:

@@ -224,7 +224,8 @@ def test_operator_plans_go_full_then_as_deltas_and_full_again_after_reconnect_or
         assert decode_array(d.changed_slots, "s", kinds="iu").tolist() == [G * S + 2, G * S + 9]
         assert decode_array(d.changed_experts, "e", kinds="iu").tolist() == [9, 2]
     assert sent["delta"] == 2
-    assert len(srv["bus"]._subs["plans.job-1"]) == 1  # one subscription for both streams
+    # one bus subscription per channel for both streams (with Redis each is a connection)
+    assert len(srv["bus"]._subs["plans.job-1"]) == len(srv["bus"]._subs["offload.job-1"]) == 1
     apply_all((a0, a1), e2, 11)
 
     # node-0 reconnects: a new stream starts with the running plan in full, then deltas again
