@@ -62,7 +62,17 @@ def pack_replicas(
     last = last.ravel()
     gpu_base = np.arange(num_layers) * gpus
     avail_2d = avail.reshape(num_layers, gpus)
-    for k in range(num_slots):
+    start = 0
+    if num_slots >= gpus and weight[gpus - 1].min() > 0:
+        # the G heaviest replicas of a layer all weigh > 0: the k-th goes to the empty GPU k
+        # (the lightest, lowest index), exactly as the loop below would place them
+        slot = nxt.reshape(num_layers, gpus)
+        phy2log[slot] = experts[:gpus].T
+        avail_2d += weight[:gpus].T
+        avail += last[nxt]
+        nxt += 1
+        start = gpus
+    for k in range(start, num_slots):
         at = avail_2d.argmin(axis=1)  # lightest GPU with a free slot (lowest index)
         at += gpu_base
         slot = nxt[at]
