@@ -178,8 +178,8 @@ def best_steps(
         relief = np.minimum(excess[rw, over][:, :, None], n_g_y * dy_down[:, None, :]).sum(axis=1)
         _step_costs(
             cost, off_ra, off_rb, n_j, n_r, n_y, tables, code, node_has, node_of_gpu,
-            cross_weight, gpu_weight, active, a, a_base, bj, gbase[rw, js], xa, xj, ycand,
-            jr // spg, br_base, xr, key_ay, key_by,
+            cross_weight, gpu_weight, active, a, a_base, light, bj, gbase[rw, js], xa, xj,
+            ycand, jr // spg, br_base, xr, key_ay, key_by,
         )
         # l1 - max(new, level) + 0.01 * (l1 - new), the first term as min(l1 - new, l1 -
         # level): rounding is monotonic, so both forms give the same float
@@ -214,19 +214,23 @@ def best_steps(
 
 def _step_costs(
     cost, off_ra, off_rb, n_j, n_r, n_y, tables, code, node_has, node_of_gpu, cross_weight,
-    gpu_weight, active, a, a_base, bj, bj_base, xa, xj, ycand, br, br_base, xr, key_ay, key_by,
+    gpu_weight, active, a, a_base, light, bj, bj_base, xa, xj, ycand, br, br_base, xr, key_ay,
+    key_by,
 ):
     """Weighted move costs of ``best_steps``'s candidates, written into ``cost [A, width]``
-    (swaps, re-points elsewhere, re-points on a). ``*_base``: flat ``[L, G, E]`` index of
-    (layer, GPU) for ``a [A]``, ``bj [A, J]``, ``br [A, R]``; ``key_ay [A, S]`` / ``key_by
-    [A, S, R]``: those of (a, a's experts) / (br, a's experts)."""
+    (swaps, re-points elsewhere, re-points on a). ``light [A, M]``: partner GPUs, ``bj [A,
+    J]`` the GPU of each partner slot; ``*_base``: flat ``[L, G, E]`` index of (layer, GPU)
+    for ``a [A]``, ``bj``, ``br [A, R]``; ``key_ay [A, S]`` / ``key_by [A, S, R]``: those of
+    (a, a's experts) / (br, a's experts)."""
     n_act, spg = xa.shape
     sw = cost[:, :off_ra].reshape(n_act, spg, n_j)
     ra = cost[:, off_ra:off_rb].reshape(n_act, spg, n_r)
     rb = cost[:, off_rb:].reshape(n_act, spg, n_y)
     if tables is not None:
         gain, lose = tables.gain, tables.lose
-        gain_bx = gain[bj_base[:, None, :] + xa[:, :, None]]  # b gains a's expert [A, S, J]
+        # b gains a's expert: per partner GPU [A, S, M], then per partner slot [A, S, J]
+        light_base = (active[:, None] * code.shape[1] + light) * code.shape[2]
+        gain_bx = np.repeat(gain[light_base[:, None, :] + xa[:, :, None]], spg, axis=2)
         gain_axj = gain[a_base + xj][:, None, :]  # a gains b's expert [A, 1, J]
         lose_ax = lose[key_ay][:, :, None]  # [A, S, 1]
         lose_bxj = lose[bj_base + xj][:, None, :]  # [A, 1, J]
@@ -238,7 +242,7 @@ def _step_costs(
         a3 = a[:, None, None]
         b3 = bj[:, None, :]
         br3 = br[:, None, :]
-        gain_bx = pair_cost(*args, b3, xa[:, :, None], GAIN)
+        gain_bx = np.repeat(pair_cost(*args, light[:, None, :], xa[:, :, None], GAIN), spg, 2)
         gain_axj = pair_cost(*args, a3, xj[:, None, :], GAIN)
         lose_ax = pair_cost(*args, a3, xa[:, :, None], LOSE)
         lose_bxj = pair_cost(*args, b3, xj[:, None, :], LOSE)
