@@ -233,9 +233,10 @@ class _Stream:
         if hello.job_id:
             job = hello.job
             self.svc.catalog.learned(hello.job_id, job and job.layers, job and job.experts)
-        if hello.job_id != self.job_id:
-            self.job_id = hello.job_id
-            await self._follow_job()
+        job_changed, self.job_id = hello.job_id != self.job_id, hello.job_id
+        # Config before following the job's channels: the agent must read Config first on a new
+        # stream, and a plan published before the subscription is live is the running plan,
+        # sent below once it is
         self.out.put_nowait(
             pb.ControlMessage(
                 config=pb.Config(
@@ -245,6 +246,8 @@ class _Stream:
                 )
             )
         )
+        if job_changed:
+            await self._follow_job()
         if self.job_id:
             await self.plans.send_running(self.svc.writer.engine, self.job_id)
             await self.send_pushed_offload()

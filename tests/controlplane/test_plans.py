@@ -292,3 +292,38 @@ def test_a_malformed_plan_on_the_bus_does_not_stop_the_job_subscription(cluster)
     for a in (a0, a1):
         aio.run(a.wait_for(lambda _r, a=a: plans_of(a)))
         assert [p.epoch for p in plans_of(a)] == [r.json()["epoch"]]
+
+
+def test_config_comes_first_even_when_a_plan_is_published_while_the_stream_subscribes(cluster):
+    """The agent must read Config first on a new stream. A plan committed while the stream is
+    still subscribing to its job's channels (here: between the plans and the offload
+    subscription) reaches it after the Config, not before."""
+    import asyncio
+
+    from controlplane.wire.plan_codec import full_plan
+
+    srv, _http, _a0, _a1 = cluster
+    svc, bus = srv["ingest"], srv["bus"]
+    plan = full_plan("job-1", 99, IDENT, S, 0).SerializeToString()
+    follow = svc.channels.follow
+
+    async def follow_while_a_plan_is_published(channel, key, deliver):
+        if channel.startswith("offload."):  # plans.job-1 is live for this stream by now
+            await bus.publish("plans.job-1", plan)
+            for _ in range(1000):  # yield until it reached this stream's queue (or Config did)
+                if not key.out.empty():
+                    break
+                await asyncio.sleep(0)
+        await follow(channel, key, deliver)
+
+    svc.channels.follow = follow_while_a_plan_is_published
+    b = ScriptedAgent(srv["grpc_port"], "node-2")
+    try:
+        aio.run(b.__aenter__())
+        b.send(job_hello("node-2", [4, 5]))
+        aio.run(b.wait_for(lambda r: len(r) >= 2))
+        assert [m.WhichOneof("body") for m in b.received[:2]] == ["config", "plan"]
+        assert b.received[1].plan.epoch == 99
+    finally:
+        svc.channels.follow = follow
+        aio.run(b.__aexit__(None, None, None))
