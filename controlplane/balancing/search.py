@@ -137,14 +137,16 @@ def local_search(
     for round_no in range(max_steps + 1):
         if active.size == 0:
             break
-        ph = phy[active]
-        wa = w[active]
-        ca = rc[active]
+        if len(active) == num_layers:  # every layer: the arrays themselves (read only)
+            ph, wa, ca = phy, w, rc
+        else:
+            ph, wa, ca = phy[active], w[active], rc[active]
         if cached is not None and np.array_equal(cached[0], active):
             wx, cx, per, lg = cached[1:]  # the previous round's prefix points computed them
         else:
-            cx = take_rows(ca, ph)
-            wx = take_rows(wa, ph)
+            rw = np.arange(len(active))[:, None]
+            cx = ca[rw, ph]
+            wx = wa[rw, ph]
             per = wx / cx
             lg = per.reshape(len(active), gpus, spg).sum(axis=2)
         cached = None
