@@ -228,9 +228,8 @@ def _step_costs(
     rb = cost[:, off_rb:].reshape(n_act, spg, n_y)
     if tables is not None:
         gain, lose = tables.gain, tables.lose
-        # b gains a's expert: per partner GPU [A, S, M], then per partner slot [A, S, J]
         light_base = (active[:, None] * code.shape[1] + light) * code.shape[2]
-        gain_bx = np.repeat(gain[light_base[:, None, :] + xa[:, :, None]], spg, axis=2)
+        gain_bx = gain[light_base[:, None, :] + xa[:, :, None]]  # b gains a's expert [A, S, M]
         gain_axj = gain[a_base + xj][:, None, :]  # a gains b's expert [A, 1, J]
         lose_ax = lose[key_ay][:, :, None]  # [A, S, 1]
         lose_bxj = lose[bj_base + xj][:, None, :]  # [A, 1, J]
@@ -242,18 +241,21 @@ def _step_costs(
         a3 = a[:, None, None]
         b3 = bj[:, None, :]
         br3 = br[:, None, :]
-        gain_bx = np.repeat(pair_cost(*args, light[:, None, :], xa[:, :, None], GAIN), spg, 2)
+        gain_bx = pair_cost(*args, light[:, None, :], xa[:, :, None], GAIN)  # [A, S, M]
         gain_axj = pair_cost(*args, a3, xj[:, None, :], GAIN)
         lose_ax = pair_cost(*args, a3, xa[:, :, None], LOSE)
         lose_bxj = pair_cost(*args, b3, xj[:, None, :], LOSE)
         gain_ay = pair_cost(*args, a3, ycand[:, None, :], GAIN)
         gain_bxr = pair_cost(*args, br3, xa[:, :, None], GAIN)
         lose_bxr = pair_cost(*args, br3, xr[:, None, :], LOSE)
-    # in place on the fresh gather, then one write into the strided block (in-place
-    # operations on a strided view are about twice as slow)
-    gain_bx -= lose_bxj
-    gain_bx += gain_axj
-    np.subtract(gain_bx, lose_ax, out=sw)
+    # "b gains a's expert" is the same for every slot of partner GPU b: broadcast [A, S, M, 1]
+    # against [A, 1, M, S]; in place on that fresh array, then one write into the strided
+    # block (in-place operations on a strided view are about twice as slow)
+    n_m = light.shape[1]
+    sw_cost = np.subtract(gain_bx[:, :, :, None], lose_bxj.reshape(n_act, 1, n_m, spg))
+    sw_cost = sw_cost.reshape(n_act, spg, n_j)
+    sw_cost += gain_axj
+    np.subtract(sw_cost, lose_ax, out=sw)
     np.subtract(gain_bxr, lose_bxr, out=ra)
     np.subtract(gain_ay, lose_ax, out=rb)
 
