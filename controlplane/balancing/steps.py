@@ -115,7 +115,7 @@ def best_steps(
     off_rb = off_ra + spg * n_r
     width = off_rb + spg * n_y
     new = np.empty((n_act, width))
-    ok = np.empty((n_act, width), dtype=bool)
+    ok = np.empty((n_act, width - off_ra), dtype=bool)  # re-points only (swaps: see below)
     cost = np.empty((n_act, width)) if level is not None else None
 
     def block(arr, lo, hi, n):
@@ -124,7 +124,6 @@ def best_steps(
     # swaps: slot i of a <-> slot j of a partner
     delta = pa[:, :, None] - pj[:, None, :]
     np.maximum(l1_3 - delta, lb[:, None, :] + delta, out=block(new, 0, off_ra, n_j))
-    np.greater(delta, 0, out=block(ok, 0, off_ra, n_j))
 
     # re-point partner slot j (expert x with >= 2 replicas) to y = an expert on a
     ra_a = l1_3 - (n_a_y * dy_down)[:, :, None] + (n_a_xr * dx_up_r)[:, None, :]
@@ -135,7 +134,7 @@ def best_steps(
     np.maximum(ra_a, ra_b, out=ra_a)
     np.maximum(ra_a, hx[rw, xr][:, None, :], out=block(new, off_ra, off_rb, n_r))
     ra_ok = xr[:, None, :] != xa[:, :, None]
-    np.bitwise_and(ra_ok, ra_slot_ok[:, None, :], out=block(ok, off_ra, off_rb, n_r))
+    np.bitwise_and(ra_ok, ra_slot_ok[:, None, :], out=block(ok, 0, off_rb - off_ra, n_r))
 
     # re-point slot i of a (expert with >= 2 replicas) to an expert that costs a the least
     n_a_all = cflat[a_base + np.arange(num_experts)]  # [A, E]
@@ -145,10 +144,12 @@ def best_steps(
     rb_a = (l1[:, None] + n_a_y * dx_up[rw, sa] - per_minus[rw, sa])[:, :, None] + t_y[:, None, :]
     np.maximum(rb_a, hx[rw, xa][:, :, None], out=block(new, off_rb, width, n_y))
     rb_ok = ycand[:, None, :] != xa[:, :, None]
-    np.bitwise_and(rb_ok, (cy > 1)[:, :, None], out=block(ok, off_rb, width, n_y))
+    np.bitwise_and(rb_ok, (cy > 1)[:, :, None], out=block(ok, off_rb - off_ra, None, n_y))
 
+    # a swap needs delta > 0, which new < l1 * (1 - 1e-9) implies (l1 > 0 in an active
+    # layer; with delta <= 0, new >= l1 - delta >= l1 exactly)
     useful = new < (l1 * (1 - 1e-9))[:, None]
-    useful &= ok
+    useful[:, off_ra:] &= ok
     if level is None:
         # free moves: the gain is the drop of the layer's maximum GPU load; the floor is the
         # highest load of the GPUs a step leaves alone
