@@ -25,7 +25,7 @@ from controlplane.retention import RetentionPolicy
 from controlplane.store import history as H
 from controlplane.store import load_history as LH
 from controlplane.store import tables as t
-from controlplane.store.queries import NotFound, get_job
+from controlplane.store.queries import NotFound, require_job
 
 router = APIRouter(prefix="/api/v1/history", tags=["history"])
 CSV = {200: {"content": {"text/csv": {"schema": {"type": "string"}}},
@@ -180,7 +180,7 @@ async def step_stats(
     bucket_s: Bucket = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100, format: Format = "json",
 ):
     """Per bucket and rank: step time (s) and host-bound ratio mean/max/p95, tokens summed."""
-    await asyncio.to_thread(get_job, engine, job_id)
+    await asyncio.to_thread(require_job, engine, job_id)
     win = await asyncio.to_thread(_window, request, engine, start, end, step_start, step_end, bucket_s, limit,
                                   job_id, "steps")
     if win is None:
@@ -204,7 +204,7 @@ async def loads(
 ):
     """Tokens per step per bucket: matrix [L, E], layer [E], expert [L] (or one number with
     layer), or ranks [G] under the placement that was running (summed over layers or one)."""
-    await asyncio.to_thread(get_job, engine, job_id)
+    await asyncio.to_thread(require_job, engine, job_id)
     win = await asyncio.to_thread(_window, request, engine, start, end, step_start, step_end, bucket_s, limit,
                                   job_id, "loads")
     if win is None:
@@ -242,7 +242,7 @@ async def plans(
 ) -> list[dict]:
     """Plans created in [start, end), oldest first, each with its event history."""
     def read() -> list[dict]:
-        get_job(engine, job_id)
+        require_job(engine, job_id)
         p = t.plans.c
         q = sa.select(*[c for c in t.plans.c if c.name != "phy2log"]).where(
             p.job_id == job_id, p.epoch > after_epoch).order_by(p.epoch).limit(limit)
@@ -270,7 +270,7 @@ async def decisions(
 ) -> list[dict]:
     """Memory-offload decisions created in [start, end), oldest first."""
     def read() -> list[dict]:
-        get_job(engine, job_id)
+        require_job(engine, job_id)
         d = t.offload_decisions.c
         q = sa.select(*[d[k] for k in DecisionItem.model_fields]).where(
             d.job_id == job_id, d.decision_id > after_id).order_by(d.decision_id).limit(limit)

@@ -142,7 +142,7 @@ async def list_decisions(
     device_id: Annotated[str | None, Query(max_length=160)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[dict]:
-    await asyncio.to_thread(q.get_job, engine, job_id)
+    await asyncio.to_thread(q.require_job, engine, job_id)
     rows = await asyncio.to_thread(O.list_decisions, engine, job_id, device_id=device_id, status=status, limit=limit)
     return [_summary(d) for d in rows]
 

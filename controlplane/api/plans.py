@@ -106,7 +106,7 @@ async def list_plans(
     status: Annotated[P.PlanStatus | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[dict]:
-    await asyncio.to_thread(q.get_job, engine, job_id)
+    await asyncio.to_thread(q.require_job, engine, job_id)
     return [_summary(p) for p in await asyncio.to_thread(P.list_plans, engine, job_id, status=status, limit=limit)]
 
 

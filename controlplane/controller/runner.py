@@ -69,7 +69,7 @@ def plan_message(plan: dict, not_before_step: int) -> bytes:
 def push(engine: Engine, job_id: str, epoch: int, clock=time.time) -> bytes:
     """approved → pushed; returns the PlacementPlan to publish."""
     plan = P.transition(engine, job_id, epoch, P.PlanStatus.PUSHED, allowed_from=(P.PlanStatus.APPROVED,), clock=clock)
-    latest = q.get_job(engine, job_id)["latest_step"] or 0
+    latest = q.latest_step(engine, job_id) or 0
     return plan_message(plan, latest + 1)
 
 

@@ -220,7 +220,8 @@ def get_plan(engine: Engine, job_id: str, epoch: int, *, with_placement: bool = 
 
 
 def list_plans(engine: Engine, job_id: str, *, status: str | None = None, limit: int = 100) -> list[dict]:
-    q = sa.select(t.plans).where(t.plans.c.job_id == job_id).order_by(t.plans.c.epoch.desc()).limit(limit)
+    summary = [c for c in t.plans.c if c.name != "phy2log"]  # not [L, G*S] per plan: 475 KB at 58x8192
+    q = sa.select(*summary).where(t.plans.c.job_id == job_id).order_by(t.plans.c.epoch.desc()).limit(limit)
     if status is not None:
         q = q.where(t.plans.c.status == status)
     with engine.connect() as conn:

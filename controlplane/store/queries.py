@@ -65,12 +65,29 @@ def list_jobs(engine: Engine) -> list[dict]:
     return [dict(r) | {"latest_step": latest.get(r["job_id"])} for r in rows]
 
 
+def require_job(engine: Engine, job_id: str) -> None:
+    """Raise NotFound unless ``job_id`` is known (one row; ``get_job`` also lists its nodes)."""
+    with engine.connect() as conn:
+        if conn.execute(sa.select(t.jobs.c.job_id).where(t.jobs.c.job_id == job_id)).first() is None:
+            raise NotFound(f"job {job_id!r}")
+
+
+def latest_step(engine: Engine, job_id: str) -> int | None:
+    """The newest step of ``job_id`` with stored loads (None: none yet)."""
+    with engine.connect() as conn:
+        return _latest_step(conn, job_id)
+
+
+def _latest_step(conn, job_id: str) -> int | None:
+    return conn.execute(
+        sa.select(sa.func.max(t.expert_loads.c.step)).where(t.expert_loads.c.job_id == job_id)
+    ).scalar()
+
+
 def get_job(engine: Engine, job_id: str) -> dict:
     with engine.connect() as conn:
         row = job_row(conn, job_id)
-        latest = conn.execute(
-            sa.select(sa.func.max(t.expert_loads.c.step)).where(t.expert_loads.c.job_id == job_id)
-        ).scalar()
+        latest = _latest_step(conn, job_id)
         nodes = conn.execute(
             sa.select(t.nodes.c.node_id).where(t.nodes.c.job_id == job_id).order_by(t.nodes.c.node_id)
         ).scalars().all()
