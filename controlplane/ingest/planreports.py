@@ -3,8 +3,9 @@
 When a plan goes out to 1,024 agents, 1,024 reports of it come back within milliseconds;
 recorded one transaction each (plan row lock, membership read, event insert, two counts) they
 took 75 % of the server's sampled time while the plan was still being sent. Here the first
-report of a (job, epoch) opens a short window (``linger_s``, or until ``max_batch`` are
-queued); then one ``plans.record_reports`` call in a worker thread records the whole batch,
+report of a (job, epoch) opens a window that closes once no report of that plan arrived for
+``quiet_s`` (its fan-out is over), after ``linger_s`` at the most, or at ``max_batch`` reports;
+then one ``plans.record_reports`` call in a worker thread records the whole batch,
 and each caller gets its own report's outcome (or exception) back. One batch of a plan records
 at a time: reports that arrive meanwhile join the open batch and go in the next transaction.
 """
@@ -12,7 +13,6 @@ at a time: reports that arrive meanwhile join the open batch and go in the next 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 from sqlalchemy.engine import Engine
@@ -27,6 +27,7 @@ class _Batch:
         self.reports: list[Report] = []
         self.futures: list[asyncio.Future] = []
         self.full = asyncio.Event()
+        self.arrived = asyncio.Event()  # set by each report (and when full)
 
 
 class PlanReports:
@@ -35,26 +36,31 @@ class PlanReports:
     Args:
         engine: the store.
         clock: wall clock for event timestamps (seconds since the epoch); None: time.time.
-        linger_s: after the first report of a batch, wait this long (seconds) for more of the
-            same plan unless ``max_batch`` arrive sooner; a report's ack waits at most this
-            much longer than its own transaction. 200 ms: a plan's reports come back while it
-            is still being sent (its fan-out to 1,024 agents takes 150-250 ms on 2 cores); this
-            window puts them in one to three transactions AFTER most of the fan-out, so neither
-            their database work nor their acks compete with the plan's writes. A report's
-            outcome (ack, the plan's ``applied``) comes up to 200 ms later, which nothing
-            waits on. (1,024-agent fan-out, last-agent p99 over 100 rounds: 293-342 ms with a
-            50 ms window, 198-249 ms with 200 ms; docs/bench-fanout.md.)
+        quiet_s: close a batch once no report of its plan arrived for this long (seconds). A
+            plan's reports come back while it is still being sent (to 1,024 agents that takes
+            150-250 ms on 2 cores, reports arriving every few ms); waiting for the quiet puts
+            them in one or two transactions AFTER the fan-out, so neither their database work
+            nor their acks compete with the plan's writes, while a small job's reports are
+            recorded ``quiet_s`` after the last one. (1,024-agent fan-out, last-agent p99 over
+            100 rounds: 293-342 ms with a fixed 50 ms window, 198-249 ms with a fixed 200 ms
+            one; docs/bench-fanout.md.)
+        linger_s: after the first report of a batch, close it after this long (seconds) even
+            if reports keep coming; a report's ack waits at most this much longer than its own
+            transaction.
         max_batch: most reports per transaction.
     """
 
     def __init__(self, engine: Engine, clock: Callable[[], float] | None = None, *,
-                 linger_s: float = 0.2, max_batch: int = 1024):
+                 quiet_s: float = 0.05, linger_s: float = 1.0, max_batch: int = 1024):
+        if quiet_s < 0:
+            raise ValueError(f"quiet_s: must be >= 0, got {quiet_s}")
         if linger_s < 0:
             raise ValueError(f"linger_s: must be >= 0, got {linger_s}")
         if max_batch < 1:
             raise ValueError(f"max_batch: must be >= 1, got {max_batch}")
         self.engine = engine
         self.clock = clock
+        self.quiet_s = quiet_s
         self.linger_s = linger_s
         self.max_batch = max_batch
         self._open: dict[tuple[str, int], _Batch] = {}  # batches still taking reports
@@ -81,12 +87,21 @@ class PlanReports:
         if len(batch.reports) >= self.max_batch:
             del self._open[key]  # later reports start the next batch
             batch.full.set()
+        batch.arrived.set()
         return await fut
 
     async def _flush(self, key: tuple[str, int], batch: _Batch) -> None:
-        if not batch.full.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(batch.full.wait(), self.linger_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.linger_s
+        while not batch.full.is_set():
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            batch.arrived.clear()
+            try:
+                await asyncio.wait_for(batch.arrived.wait(), min(self.quiet_s, left))
+            except TimeoutError:
+                break  # quiet: this plan's reports are in
         # one transaction of a plan at a time (they would queue on its row lock anyway):
         # reports arriving while the previous one runs join this batch (group commit)
         gate = self._running.get(key)

@@ -201,3 +201,30 @@ def test_reports_arriving_while_a_batch_records_go_in_one_next_transaction(engin
     co, results = asyncio.run(main())
     assert sizes == [1, 3] and co.transactions == 2
     assert results[-1] == {"status": "applied"}
+
+
+def test_a_batch_closes_when_its_plans_reports_go_quiet_or_at_linger_s(engine):
+    """Reports trickling in (a fan-out still under way) keep the batch open; it closes once
+    they stop for quiet_s, or at linger_s even when they never stop."""
+    epoch = pushed_plan(engine)
+
+    async def trickle():
+        co = PlanReports(engine, quiet_s=1.0, linger_s=60.0)
+        tasks = []
+        for n in NODES:  # 10 ms apart: each arrives well inside the 1 s quiet period
+            tasks.append(asyncio.create_task(co.record("j", epoch, n, "received", 1)))
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*tasks)
+        return co
+
+    co = asyncio.run(trickle())
+    assert (co.transactions, co.reports) == (1, 4)
+
+    async def capped():
+        co = PlanReports(engine, quiet_s=60.0, linger_s=0.05)
+        # a 60 s quiet period, but the batch closes at linger_s: this returns, it does not hang
+        return await asyncio.wait_for(co.record("j", epoch, "n0", "applied", 2), 20)
+
+    assert asyncio.run(capped()) == {"status": "pushed", "waiting_for": 3}
+    with pytest.raises(ValueError, match="quiet_s"):
+        PlanReports(engine, quiet_s=-1)
