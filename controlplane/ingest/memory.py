@@ -79,7 +79,11 @@ def _layer(msg: pb.LayerMemory, field: str) -> dict:
     }
 
 
-def _profile(msg: pb.MemoryProfile, field: str, *, job_id: str, node_id: str, step: int, ts: float) -> ProfileRecord:
+def profile_record(msg: pb.MemoryProfile, field: str, *, job_id: str, node_id: str, step: int,
+                   ts: float) -> ProfileRecord:
+    """One device's MemoryProfile as a record; WireError (a ValueError) names the bad field
+    under ``field``. The node agent runs the same check on each rank's profile, so that one bad
+    rank costs only its own profile and not the node's whole message."""
     capacity = _bytes(msg.capacity_bytes, f"{field}.capacity_bytes")
     if capacity == 0:
         raise WireError(f"{field}.capacity_bytes", "must be > 0")
@@ -136,7 +140,7 @@ def profile_records(
             raise WireError(f"{field}.device_id", f"unknown device {dev.device_id!r} of node {node_id!r}")
         if any(p.device_id == dev.device_id for p in profiles):
             raise WireError(f"{field}.device_id", f"duplicate device {dev.device_id!r}")
-        rec = _profile(dev, field, job_id=job_id, node_id=node_id, step=int(msg.step), ts=ts)
+        rec = profile_record(dev, field, job_id=job_id, node_id=node_id, step=int(msg.step), ts=ts)
         _engine_check(rec, host_free, field)
         profiles.append(rec)
     return node, profiles
