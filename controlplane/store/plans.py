@@ -237,14 +237,18 @@ def plan_events(engine: Engine, job_id: str, epoch: int) -> list[dict]:
     return [dict(r) for r in rows]
 
 
-def latest_plan(engine: Engine, job_id: str, statuses: tuple[PlanStatus, ...]) -> dict | None:
+def latest_plan(engine: Engine, job_id: str, statuses: tuple[PlanStatus, ...], *,
+                with_placement: bool = True) -> dict | None:
+    """The newest plan of ``job_id`` in one of ``statuses`` (None: none); without its
+    ``phy2log`` unless ``with_placement`` (the blob is G*S*L*8 bytes: 3.8 MB at 58x8192)."""
+    cols = list(t.plans.c) if with_placement else [c for c in t.plans.c if c.name != "phy2log"]
     with engine.connect() as conn:
         row = conn.execute(
-            sa.select(t.plans)
+            sa.select(*cols)
             .where(t.plans.c.job_id == job_id, t.plans.c.status.in_([str(s) for s in statuses]))
             .order_by(t.plans.c.epoch.desc()).limit(1)
         ).mappings().first()
-    return None if row is None else _plan_dict(row, True)
+    return None if row is None else _plan_dict(row, with_placement)
 
 
 REPORT_STATES = ("received", "applied", "failed")

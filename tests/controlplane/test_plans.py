@@ -327,3 +327,32 @@ def test_config_comes_first_even_when_a_plan_is_published_while_the_stream_subsc
     finally:
         svc.channels.follow = follow
         aio.run(b.__aexit__(None, None, None))
+
+
+def test_agents_connecting_at_once_read_the_running_placement_once(cluster, monkeypatch):
+    """A reconnect storm (e.g. after a control-plane restart) must not read the [L, G*S]
+    placement blob once per agent: one read, shared by every stream."""
+    from controlplane.ingest import planpush
+
+    srv, http, a0, a1 = cluster
+    http.put("/jobs/job-1/policy", json={"mode": "manual", "min_interval_s": 3600})
+    placement = identity_with_swaps(IDENT, [(0, 0, 5)])
+    r = http.post("/jobs/job-1/plans", json={"phy2log": placement.tolist()})
+    assert r.status_code == 200, r.text
+    srv["ingest"].plans._jobs.clear()  # as after a restart: this replica holds no plan
+    reads = []
+    real = planpush.plans.get_plan
+    monkeypatch.setattr(planpush.plans, "get_plan", lambda *a, **k: reads.append(a[2]) or real(*a, **k))
+    agents = [ScriptedAgent(srv["grpc_port"], f"node-{i}") for i in (5, 6, 7)]
+    for a in agents:
+        aio.run(a.__aenter__())
+    try:
+        for i, a in enumerate(agents):  # all three hellos in flight at once
+            a.send(job_hello(f"node-{5 + i}", [10 + 2 * i, 11 + 2 * i]))
+        for a in agents:
+            aio.run(a.wait_for(lambda _r, a=a: plans_of(a)))
+            np.testing.assert_array_equal(decode_array(plans_of(a)[0].phy2log, "p", kinds="iu"), placement)
+        assert reads == [r.json()["epoch"]]
+    finally:
+        for a in agents:
+            aio.run(a.__aexit__(None, None, None))
