@@ -81,6 +81,7 @@ class Controller(ReconcileLoop):
     def __init__(self, engine: Engine, bus, leadership: Leadership, *, interval_s: float = 0.5, clock=time.time):
         super().__init__(engine, bus, leadership, interval_s=interval_s, clock=clock)
         self._seen_step: dict[str, int] = {}
+        self._placements: dict[str, tuple[int, np.ndarray]] = {}  # job -> (epoch, its phy2log)
         self.decisions: dict[str, str] = {}  # job -> last decision reason (for /health and tests)
 
     def reconcile_all(self) -> list[tuple[str, bytes]]:
@@ -104,11 +105,11 @@ class Controller(ReconcileLoop):
             return None
         world, slots, nodes = geo
         now = self.clock()
-        running = P.latest_plan(self.engine, job_id, (P.PlanStatus.APPLIED,))
-        current = running["phy2log"] if running else identity(job["layers"], job["experts"], world, slots)
+        # plan rows without their [L, G*S] placement (3.8 MB at 58x8192) on every tick
+        running = P.latest_plan(self.engine, job_id, (P.PlanStatus.APPLIED,), with_placement=False)
         if running and running["measured_after"] is None and running["applied_step"] is not None:
-            self._measure(job_id, running)
-        in_flight = P.latest_plan(self.engine, job_id, P.IN_FLIGHT)
+            self._measure(job_id, running | {"phy2log": self._placement(job_id, running["epoch"])})
+        in_flight = P.latest_plan(self.engine, job_id, P.IN_FLIGHT, with_placement=False)
         if in_flight is not None:
             if now - in_flight["updated_at"] > P.get_policy(self.engine, job_id).plan_timeout_s:
                 P.transition(self.engine, job_id, in_flight["epoch"], P.PlanStatus.FAILED,
@@ -117,6 +118,8 @@ class Controller(ReconcileLoop):
         if self._seen_step.get(job_id) == latest:
             return None
         self._seen_step[job_id] = latest
+        current = self._placement(job_id, running["epoch"]) if running else \
+            identity(job["layers"], job["experts"], world, slots)
         policy = P.get_policy(self.engine, job_id)
         window = q.loads_history(self.engine, job_id, q.Range(step_start=max(0, latest - policy.window_steps + 1)))
         if not window:
@@ -165,6 +168,13 @@ class Controller(ReconcileLoop):
             self.leadership.release(job_id)
             return False
         return True
+
+    def _placement(self, job_id: str, epoch: int) -> np.ndarray:
+        """``phy2log [L, G*S]`` of plan ``epoch`` (a plan's placement never changes: read once)."""
+        cached = self._placements.get(job_id)
+        if cached is None or cached[0] != epoch:
+            cached = self._placements[job_id] = (epoch, P.get_plan(self.engine, job_id, epoch)["phy2log"])
+        return cached[1]
 
     def _measure(self, job_id: str, plan: dict) -> None:
         after = q.loads_history(self.engine, job_id, q.Range(step_start=plan["applied_step"] + 1, limit=1))
