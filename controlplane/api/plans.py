@@ -150,7 +150,7 @@ async def _push_at_once(request: Request, engine: Engine, job_id: str, target_of
             raise P.PlanConflict(f"job {job_id!r} has no known geometry yet")
         world, slots, _nodes = geo
         target, kwargs = target_of(job, world, slots)
-        if P.latest_plan(engine, job_id, P.IN_FLIGHT) is not None:
+        if P.latest_plan(engine, job_id, P.IN_FLIGHT, with_placement=False) is not None:
             raise P.PlanConflict("a plan is being applied; wait for it to finish")
         epoch = P.create_plan(engine, job_id, target, world_size=world, slots_per_rank=slots,
                               status=P.PlanStatus.APPROVED, **kwargs)
