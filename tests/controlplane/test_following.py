@@ -20,6 +20,17 @@ def numsub(url: str, channel: str) -> int:
         client.close()
 
 
+async def numsub_becomes(url: str, channel: str, want, timeout: float = 10.0) -> int:
+    """NUMSUB of ``channel`` once ``want(n)`` holds (Redis handles a SUBSCRIBE or a closed
+    subscription's connection asynchronously); raises after ``timeout`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not want(n := await asyncio.to_thread(numsub, url, channel)):
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"NUMSUB {channel} stayed {n}")
+        await asyncio.sleep(0.01)  # polling Redis, with the deadline above
+    return n
+
+
 def test_followers_share_one_subscription_and_each_gets_every_payload(redis_url):
     prefix = "moeplane-test-following:"
     channel = "offload.job-1"
@@ -42,7 +53,7 @@ def test_followers_share_one_subscription_and_each_gets_every_payload(redis_url)
 
         for key in got:
             await channels.follow(channel, key, deliver(key))
-        subs = await asyncio.to_thread(numsub, redis_url, prefix + channel)
+        subs = await numsub_becomes(redis_url, prefix + channel, lambda n: n >= 1)
         await bus.publish(channel, b"one")
         await bus.publish(channel, b"two")
         await asyncio.wait_for(arrived.wait(), 10)
@@ -50,7 +61,7 @@ def test_followers_share_one_subscription_and_each_gets_every_payload(redis_url)
         still = channels.followers(channel)
         for key in ("b", "c"):
             await channels.unfollow(channel, key)
-        after = await asyncio.to_thread(numsub, redis_url, prefix + channel)
+        after = await numsub_becomes(redis_url, prefix + channel, lambda n: n == 0)
         await bus.close()
         return subs, got, still, after
 
