@@ -339,7 +339,9 @@ def test_agents_connecting_at_once_read_the_running_placement_once(cluster, monk
     placement = identity_with_swaps(IDENT, [(0, 0, 5)])
     r = http.post("/jobs/job-1/plans", json={"phy2log": placement.tolist()})
     assert r.status_code == 200, r.text
-    srv["ingest"].plans._jobs.clear()  # as after a restart: this replica holds no plan
+    for a in (a0, a1):  # the replica has forwarded it (and cached it) ...
+        aio.run(a.wait_for(lambda _r, a=a: plans_of(a)))
+    srv["ingest"].plans._jobs.clear()  # ... and forgets it, as after a restart
     reads = []
     real = planpush.plans.get_plan
     monkeypatch.setattr(planpush.plans, "get_plan", lambda *a, **k: reads.append(a[2]) or real(*a, **k))
