@@ -144,9 +144,9 @@ def local_search(
         if cached is not None and np.array_equal(cached[0], active):
             wx, cx, per, lg = cached[1:]  # the previous round's prefix points computed them
         else:
-            rw = np.arange(len(active))[:, None]
-            cx = ca[rw, ph]
-            wx = wa[rw, ph]
+            flat = ph + np.arange(len(active))[:, None] * num_experts  # [A, N] into [A, E]
+            cx = ca.ravel()[flat]
+            wx = wa.ravel()[flat]
             per = wx / cx
             lg = per.reshape(len(active), gpus, spg).sum(axis=2)
         cached = None

@@ -63,48 +63,58 @@ def best_steps(
     gpus, num_experts = cnt.shape[1], cnt.shape[2]
     rows = np.arange(n_act)
     rw = rows[:, None]
+    # gathers by flat index into the raveled [A, *] arrays: the row offsets added once (a
+    # two-array index costs ~3x a flat one on these sizes)
+    r_slot, r_exp = rw * num_slots, rw * num_experts
+    phf, perf, lgf = ph.ravel(), per.ravel(), lg.ravel()
     slot_gpu = np.arange(num_slots) // spg
     n_j = light.shape[1] * spg
     js = (light[:, :, None] * spg + np.arange(spg)).reshape(n_act, n_j)  # [A, J]
+    jsf = js + r_slot
     bj = js // spg
     sa = a[:, None] * spg + np.arange(spg)  # [A, S] slots of the most loaded GPU
-    xa = ph[rw, sa]
-    pa = per[rw, sa]
-    wy = wa[rw, xa]
-    cy = ca[rw, xa]
-    xj = ph[rw, js]
-    pj = per[rw, js]
-    cj = cx[rw, js]
-    lb = lg[rw, bj]  # [A, J]
+    saf = sa + r_slot
+    xa = phf[saf]
+    pa = perf[saf]
+    xa_e = xa + r_exp
+    wy = wa.ravel()[xa_e]
+    cy = ca.ravel()[xa_e]
+    xj = phf[jsf]
+    pj = perf[jsf]
+    cj = cx.ravel()[jsf]
+    lb = lgf[bj + rw * gpus]  # [A, J]
     l1_3 = l1[:, None, None]
     multi = cx > 1
     per_minus = np.where(multi, wx / np.maximum(cx - 1, 1), 0.0)
     dx_up = np.where(multi, per_minus - per, 0.0)  # [A, N] rise of each holder per replica
     per_plus = wy / (cy + 1)
     dy_down = wy / cy - per_plus  # [A, S]
+    pmf, dxf = per_minus.ravel(), dx_up.ravel()
     # flat [L, G, E] indices: ``gbase`` = (layer, GPU) part of each slot's GPU, then + expert
     cflat = cnt.ravel()
     gbase = (active[:, None] * gpus + slot_gpu) * num_experts  # [A, N]
-    a_base = gbase[rows, sa[:, 0]][:, None]  # [A, 1]
+    a_base = ((active * gpus + a) * num_experts)[:, None]  # [A, 1]
     n_slot_x = cflat[gbase + ph]  # [A, N] replicas of x on the slot's GPU
     holder = lg[:, slot_gpu] + n_slot_x * dx_up
-    holder.reshape(n_act, gpus, spg)[rows, a] = -np.inf
+    holder.ravel()[saf] = -np.inf
     hx = np.full(wa.shape, -np.inf)  # max new load of x's holders other than a  [A, E]
-    np.maximum.at(hx.ravel(), (rw * num_experts + ph).ravel(), holder.ravel())
+    hxf = hx.ravel()
+    np.maximum.at(hxf, (r_exp + ph).ravel(), holder.ravel())
     key_ay = a_base + xa  # [A, S]
     n_a_y = cflat[key_ay]
     # only partner slots whose expert has >= 2 replicas can be re-pointed: gather those
     # first ([A, R], R = the most any layer has; ``ra_slot_ok`` masks the padding)
     multi_j = cj > 1
     n_r = max(int(multi_j.sum(axis=1).max()), 1)
-    pos = np.argsort(~multi_j, axis=1, kind="stable")[:, :n_r]
-    jr = js[rw, pos]  # [A, R] slots
-    xr = xj[rw, pos]
-    ra_slot_ok = multi_j[rw, pos]
-    dx_up_r = dx_up[rw, jr]
-    br_base = gbase[rw, jr]  # [A, R]
+    posf = np.argsort(~multi_j, axis=1, kind="stable")[:, :n_r] + rw * n_j
+    jr = js.ravel()[posf]  # [A, R] slots
+    jrf = jr + r_slot
+    xr = xj.ravel()[posf]
+    ra_slot_ok = multi_j.ravel()[posf]
+    dx_up_r = dxf[jrf]
+    br_base = gbase.ravel()[jrf]  # [A, R]
     n_a_xr = cflat[a_base + xr]  # [A, R]
-    n_b_xr = n_slot_x[rw, jr]
+    n_b_xr = n_slot_x.ravel()[jrf]
     key_by = br_base[:, None, :] + xa[:, :, None]  # [A, S, R]
     n_b_y = cflat[key_by]
 
@@ -123,16 +133,18 @@ def best_steps(
 
     # swaps: slot i of a <-> slot j of a partner
     delta = pa[:, :, None] - pj[:, None, :]
-    np.maximum(l1_3 - delta, lb[:, None, :] + delta, out=block(new, 0, off_ra, n_j))
+    down = l1_3 - delta
+    delta += lb[:, None, :]  # b's new load, in place (addition commutes exactly)
+    np.maximum(down, delta, out=block(new, 0, off_ra, n_j))
 
     # re-point partner slot j (expert x with >= 2 replicas) to y = an expert on a
     ra_a = l1_3 - (n_a_y * dy_down)[:, :, None] + (n_a_xr * dx_up_r)[:, None, :]
     # (b's load + x's rise - x's replica) - y's drop on b + y's new replica, in place
     ra_b = n_b_y * dy_down[:, :, None]
-    np.subtract((lb[rw, pos] + n_b_xr * dx_up_r - per_minus[rw, jr])[:, None, :], ra_b, out=ra_b)
+    np.subtract((lb.ravel()[posf] + n_b_xr * dx_up_r - pmf[jrf])[:, None, :], ra_b, out=ra_b)
     ra_b += per_plus[:, :, None]
     np.maximum(ra_a, ra_b, out=ra_a)
-    np.maximum(ra_a, hx[rw, xr][:, None, :], out=block(new, off_ra, off_rb, n_r))
+    np.maximum(ra_a, hxf[xr + r_exp][:, None, :], out=block(new, off_ra, off_rb, n_r))
     ra_ok = xr[:, None, :] != xa[:, :, None]
     np.bitwise_and(ra_ok, ra_slot_ok[:, None, :], out=block(ok, 0, off_rb - off_ra, n_r))
 
@@ -140,9 +152,9 @@ def best_steps(
     n_a_all = cflat[a_base + np.arange(num_experts)]  # [A, E]
     term = (n_a_all + 1) * wa / (ca + 1) - n_a_all * wa / ca
     ycand = np.argpartition(term, n_y - 1, axis=1)[:, :n_y]  # [A, K] cheapest, any order
-    t_y = term[rw, ycand]
-    rb_a = (l1[:, None] + n_a_y * dx_up[rw, sa] - per_minus[rw, sa])[:, :, None] + t_y[:, None, :]
-    np.maximum(rb_a, hx[rw, xa][:, :, None], out=block(new, off_rb, width, n_y))
+    t_y = term.ravel()[ycand + r_exp]
+    rb_a = (l1[:, None] + n_a_y * dxf[saf] - pmf[saf])[:, :, None] + t_y[:, None, :]
+    np.maximum(rb_a, hxf[xa_e][:, :, None], out=block(new, off_rb, width, n_y))
     rb_ok = ycand[:, None, :] != xa[:, :, None]
     np.bitwise_and(rb_ok, (cy > 1)[:, :, None], out=block(ok, off_rb - off_ra, None, n_y))
 
@@ -176,10 +188,11 @@ def best_steps(
         over = np.argpartition(-excess, n_over - 1, axis=1)[:, :n_over]  # [A, V]
         over_base = (active[:, None] * gpus + over) * num_experts
         n_g_y = cflat[over_base[:, :, None] + xa[:, None, :]]  # [A, V, S]
-        relief = np.minimum(excess[rw, over][:, :, None], n_g_y * dy_down[:, None, :]).sum(axis=1)
+        ex_over = excess.ravel()[over + rw * gpus][:, :, None]  # [A, V, 1]
+        relief = np.minimum(ex_over, n_g_y * dy_down[:, None, :]).sum(axis=1)
         _step_costs(
             cost, off_ra, off_rb, n_j, n_r, n_y, tables, code, node_has, node_of_gpu,
-            cross_weight, gpu_weight, active, a, a_base, light, bj, gbase[rw, js], xa, xj,
+            cross_weight, gpu_weight, active, a, a_base, light, bj, gbase.ravel()[jsf], xa, xj,
             ycand, jr // spg, br_base, xr, key_ay, key_by,
         )
         # l1 - max(new, level) + 0.01 * (l1 - new), the first term as min(l1 - new, l1 -
@@ -195,7 +208,7 @@ def best_steps(
     # useful step scores > 0 (it lowers the GPU by more than 1e-9 of its load: the gain,
     # including the 0.01 share of the drop, is positive); the rest score 0
     best = np.argmax(score, axis=1)
-    ok_row = score[rows, best] > 0
+    ok_row = score.ravel()[best + rows * width] > 0
     if not ok_row.any():
         return None
     r = np.nonzero(ok_row)[0]
@@ -205,11 +218,13 @@ def best_steps(
     kind = (within >= off_ra).astype(np.int64) + (within >= off_rb)
     i, j = np.divmod(within - np.array([0, off_ra, off_rb])[kind], np.array([n_j, n_r, n_y])[kind])
     is_swap = kind == 0
-    s1 = np.where(kind == 1, jr[r, j % n_r], a[r] * spg + i)
-    jj = j % n_j
-    e1 = np.where(is_swap, xj[r, jj], np.where(kind == 1, xa[r, i], ycand[r, j % n_y]))
-    s2 = np.where(is_swap, js[r, jj], -1)
-    e2 = np.where(is_swap, xa[r, i], -1)
+    s1 = np.where(kind == 1, jr.ravel()[r * n_r + j % n_r], a[r] * spg + i)
+    jj = r * n_j + j % n_j
+    xa_i = xa.ravel()[r * spg + i]
+    y_j = ycand.ravel()[r * n_y + j % n_y]
+    e1 = np.where(is_swap, xj.ravel()[jj], np.where(kind == 1, xa_i, y_j))
+    s2 = np.where(is_swap, js.ravel()[jj], -1)
+    e2 = np.where(is_swap, xa_i, -1)
     return active[r], s1, e1, s2, e2
 
 
@@ -249,12 +264,12 @@ def _step_costs(
         gain_ay = pair_cost(*args, a3, ycand[:, None, :], GAIN)
         gain_bxr = pair_cost(*args, br3, xa[:, :, None], GAIN)
         lose_bxr = pair_cost(*args, br3, xr[:, None, :], LOSE)
-    # "b gains a's expert" is the same for every slot of partner GPU b: broadcast [A, S, M, 1]
-    # against [A, 1, M, S]; in place on that fresh array, then one write into the strided
-    # block (in-place operations on a strided view are about twice as slow)
-    n_m = light.shape[1]
-    sw_cost = np.subtract(gain_bx[:, :, :, None], lose_bxj.reshape(n_act, 1, n_m, spg))
-    sw_cost = sw_cost.reshape(n_act, spg, n_j)
+    # "b gains a's expert" is the same for every slot of partner GPU b: repeated over its
+    # slots ([A, S, M] -> [A, S, J], a copy), then in place on that fresh array (a 4-D
+    # broadcast has an inner loop of only S), and one write into the strided block
+    # (in-place operations on a strided view are about twice as slow)
+    sw_cost = np.repeat(gain_bx, spg, axis=2)
+    sw_cost -= lose_bxj
     sw_cost += gain_axj
     np.subtract(sw_cost, lose_ax, out=sw)
     np.subtract(gain_bxr, lose_bxr, out=ra)
