@@ -24,6 +24,7 @@ from controlplane.api.routes import BAD, NOT_FOUND, JobId
 from controlplane.retention import RetentionPolicy
 from controlplane.store import history as H
 from controlplane.store import load_history as LH
+from controlplane.store import plans as P
 from controlplane.store import tables as t
 from controlplane.store.queries import NotFound, require_job
 
@@ -244,7 +245,7 @@ async def plans(
     def read() -> list[dict]:
         require_job(engine, job_id)
         p = t.plans.c
-        q = sa.select(*[c for c in t.plans.c if c.name != "phy2log"]).where(
+        q = sa.select(*P.SUMMARY_COLUMNS).where(
             p.job_id == job_id, p.epoch > after_epoch).order_by(p.epoch).limit(limit)
         if start is not None:
             q = q.where(p.created_at >= start)

@@ -58,7 +58,6 @@ class PlanCache:
         self.channels = channels
         self._jobs: dict[str, Published] = {}
         self._bad: bytes | None = None  # the last payload that was not a plan (logged once)
-        self._delivering: tuple[bytes | None, Published | None] = (None, None)  # last payload
         self._loading: dict[str, asyncio.Lock] = {}  # job -> held while its running plan is read
         self.sent: Counter[str] = Counter()  # plans put on streams: "full" | "delta"
 
@@ -73,17 +72,13 @@ class PlanCache:
         await self.channels.unfollow(f"plans.{job_id}", stream)
 
     def _deliver(self, job_id: str, stream: StreamPlans, payload: bytes) -> None:
-        if self._delivering[0] is payload:  # every stream of the job gets the same bytes object
-            pub = self._delivering[1]
-        else:
-            try:
-                pub = self.published(job_id, payload)
-            except Exception as exc:  # not a plan (WireError, DecodeError): the next may be
-                if payload is not self._bad:
-                    self._bad = payload
-                    log.error("plan published on plans.%s dropped: %s", job_id, exc)
-                return
-            self._delivering = (payload, pub)  # built once per payload, even an older epoch's
+        try:
+            pub = self.published(job_id, payload)  # built once: every stream gets the same bytes
+        except Exception as exc:  # not a plan (WireError, DecodeError): the next may be
+            if payload is not self._bad:
+                self._bad = payload
+                log.error("plan published on plans.%s dropped: %s", job_id, exc)
+            return
         message = stream.message_for(job_id, pub)
         if message is not None:
             stream.out.put_nowait(message)

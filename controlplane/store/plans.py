@@ -202,6 +202,14 @@ def transition(
     return get_plan(engine, job_id, epoch)
 
 
+# a plan row without its placement blob (G*S*L*8 bytes: 3.8 MB at 58x8192)
+SUMMARY_COLUMNS = tuple(c for c in t.plans.c if c.name != "phy2log")
+
+
+def _columns(with_placement: bool) -> tuple:
+    return tuple(t.plans.c) if with_placement else SUMMARY_COLUMNS
+
+
 def _plan_dict(row, with_placement: bool) -> dict:
     d = {k: row[k] for k in row if k != "phy2log"}
     if with_placement:
@@ -212,7 +220,7 @@ def _plan_dict(row, with_placement: bool) -> dict:
 def get_plan(engine: Engine, job_id: str, epoch: int, *, with_placement: bool = True) -> dict:
     with engine.connect() as conn:
         row = conn.execute(
-            sa.select(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch == epoch)
+            sa.select(*_columns(with_placement)).where(t.plans.c.job_id == job_id, t.plans.c.epoch == epoch)
         ).mappings().first()
     if row is None:
         raise NotFound(f"plan {epoch} of job {job_id!r}")
@@ -220,8 +228,7 @@ def get_plan(engine: Engine, job_id: str, epoch: int, *, with_placement: bool = 
 
 
 def list_plans(engine: Engine, job_id: str, *, status: str | None = None, limit: int = 100) -> list[dict]:
-    summary = [c for c in t.plans.c if c.name != "phy2log"]  # not [L, G*S] per plan: 475 KB at 58x8192
-    q = sa.select(*summary).where(t.plans.c.job_id == job_id).order_by(t.plans.c.epoch.desc()).limit(limit)
+    q = sa.select(*SUMMARY_COLUMNS).where(t.plans.c.job_id == job_id).order_by(t.plans.c.epoch.desc()).limit(limit)
     if status is not None:
         q = q.where(t.plans.c.status == status)
     with engine.connect() as conn:
@@ -240,11 +247,10 @@ def plan_events(engine: Engine, job_id: str, epoch: int) -> list[dict]:
 def latest_plan(engine: Engine, job_id: str, statuses: tuple[PlanStatus, ...], *,
                 with_placement: bool = True) -> dict | None:
     """The newest plan of ``job_id`` in one of ``statuses`` (None: none); without its
-    ``phy2log`` unless ``with_placement`` (the blob is G*S*L*8 bytes: 3.8 MB at 58x8192)."""
-    cols = list(t.plans.c) if with_placement else [c for c in t.plans.c if c.name != "phy2log"]
+    ``phy2log`` unless ``with_placement``."""
     with engine.connect() as conn:
         row = conn.execute(
-            sa.select(*cols)
+            sa.select(*_columns(with_placement))
             .where(t.plans.c.job_id == job_id, t.plans.c.status.in_([str(s) for s in statuses]))
             .order_by(t.plans.c.epoch.desc()).limit(1)
         ).mappings().first()

@@ -68,8 +68,7 @@ def list_jobs(engine: Engine) -> list[dict]:
 def require_job(engine: Engine, job_id: str) -> None:
     """Raise NotFound unless ``job_id`` is known (one row; ``get_job`` also lists its nodes)."""
     with engine.connect() as conn:
-        if conn.execute(sa.select(t.jobs.c.job_id).where(t.jobs.c.job_id == job_id)).first() is None:
-            raise NotFound(f"job {job_id!r}")
+        job_row(conn, job_id)
 
 
 def latest_step(engine: Engine, job_id: str) -> int | None:
