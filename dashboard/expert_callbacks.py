@@ -23,7 +23,12 @@ from dashboard.expert_views import (
 )
 from dashboard.placement import layer_balancedness, rank_loads
 from dashboard.ranges import history_range
-from dashboard.source import BalancednessCache, current_placement, placements_at_steps
+from dashboard.source import (
+    BalancednessCache,
+    PlacementCache,
+    current_placement,
+    placements_at_steps,
+)
 
 
 def _empty(title: str) -> dict:
@@ -31,6 +36,8 @@ def _empty(title: str) -> dict:
 
 
 def register(app, engine: Engine, cache: BalancednessCache) -> None:
+    running = PlacementCache()  # the running plan's blob is read once per plan, not per refresh
+
     @app.callback(
         Output("job-select", "options"),
         Output("job-select", "value"),
@@ -72,7 +79,7 @@ def register(app, engine: Engine, cache: BalancednessCache) -> None:
         if latest is None:
             return *none, f"job {job_id}: no expert loads yet"
         counts = latest["counts"]
-        placement = current_placement(engine, job_id, counts.shape)
+        placement = current_placement(engine, job_id, counts.shape, running)
         g = placement.geometry
         nodes = len(q.list_nodes(engine, job_id=job_id))
         state = {"job": job_id, "step": latest["step"], "nodes": latest["nodes_reported"],

@@ -2,13 +2,15 @@ import time
 
 import numpy as np
 import pytest
+from sqlalchemy import event
 
+from controlplane.store import plans as P
 from controlplane.store.engine import make_engine
 from controlplane.store.migrate import upgrade
 from controlplane.store.records import LoadsRecord
 from controlplane.store.writes import StoreWriter
 from dashboard.placement import layer_balancedness, rank_loads
-from dashboard.source import BalancednessCache, current_placement
+from dashboard.source import BalancednessCache, PlacementCache, current_placement
 from tests.dashboard.simjob import SimJob
 
 
@@ -62,3 +64,61 @@ def test_cache_reads_new_and_incomplete_steps_only(sim):
 def test_window_must_be_positive():
     with pytest.raises(ValueError, match="window"):
         BalancednessCache(window=0)
+
+
+def placement_reads(engine) -> list[str]:
+    """Every SELECT of the plans' placement blob on ``engine`` from now on."""
+    reads: list[str] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _seen(_conn, _cursor, statement, *_args):
+        if statement.lstrip().upper().startswith("SELECT") and "phy2log" in statement:
+            reads.append(statement)
+
+    return reads
+
+
+def test_placement_cache_reads_the_blob_once_per_running_plan(sim):
+    engine, job = sim
+    shape = (3, 12)
+    cache = PlacementCache()
+    reads = placement_reads(engine)
+
+    def refresh(shape=shape):
+        """What a dashboard refresh shows (checked against the uncached read) and how many
+        placement blob reads it issued."""
+        before = len(reads)
+        p = current_placement(engine, job.job_id, shape, cache)
+        issued = len(reads) - before
+        want = current_placement(engine, job.job_id, shape)
+        assert (p.key, p.source) == (want.key, want.source)
+        np.testing.assert_array_equal(p.phy2log, want.phy2log)
+        return p.source, issued
+
+    assert refresh() == ("identity", 0)  # no plan yet: no blob to read
+    first = job.plan((job.identity() + 1) % job.experts)
+    job.apply(first, step=10)
+    job.plan((job.identity() + 2) % job.experts)  # proposed only: not running
+    assert [refresh() for _ in range(3)] == [(f"epoch {first}", 1)] + [(f"epoch {first}", 0)] * 2
+    second = job.plan((job.identity() + 3) % job.experts)
+    job.apply(second, step=20)  # a new applied plan is read once
+    assert [refresh() for _ in range(3)] == [(f"epoch {second}", 1)] + [(f"epoch {second}", 0)] * 2
+    # a plan that does not fit the loads: identity, without reading the blob again to find that out
+    assert [refresh((3, 6)) for _ in range(2)] == [("identity", 1), ("identity", 0)]
+    # the running plan rolled back: the one before runs again (still cached), as without the cache
+    P.transition(engine, job.job_id, second, P.PlanStatus.ROLLED_BACK, allowed_from=(P.PlanStatus.APPLIED,))
+    assert refresh() == (f"epoch {first}", 0)
+
+
+def test_placement_cache_keeps_the_newest_entries_only(sim):
+    engine, job = sim
+    cache = PlacementCache(size=2)
+    job.apply(job.plan((job.identity() + 1) % job.experts), step=10)
+    reads = placement_reads(engine)
+    for shape in [(3, 12), (3, 13), (3, 14), (3, 12)]:  # (3, 12) was evicted by (3, 14)
+        current_placement(engine, job.job_id, shape, cache)
+    assert len(reads) == 4
+    current_placement(engine, job.job_id, (3, 14), cache)
+    assert len(reads) == 4
+    with pytest.raises(ValueError, match="size"):
+        PlacementCache(size=0)
