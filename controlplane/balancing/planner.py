@@ -5,7 +5,8 @@ never less balanced than EPLB's greedy on the same loads.
 
 Incremental (with ``current``): local search from ``current`` that takes, per layer, the
 step with the most balance per move (each layer stops ``tolerance / 2`` above EPLB's greedy
-on the new loads). The visited states are then chosen across layers steepest balance-per-move
+on the new loads, or, once the goal below is in reach, when its steps get flatter than the
+selection needs: ``local_search(goal=...)``). The visited states are then chosen across layers steepest balance-per-move
 first, until the mean balancedness is within ``tolerance`` of EPLB's greedy (``select_mean``)
 or, with ``max_moves``, until the budget is spent (``select_budget``). A layer that the
 selection leaves more than ``reshuffle_above`` above EPLB's greedy takes the most balanced
@@ -200,6 +201,7 @@ def _incremental(
         node_of_gpu=node_of_gpu,
         cross_weight=cross_node_weight if nodes > 1 else 0.0,
         target=fresh_bal + _LAYER_STOP * tolerance,
+        goal=None if max_moves is not None else float(fresh_bal.mean()) + tolerance,
         max_steps=max(8, num_slots // 2),
     )
     pts = traj.points

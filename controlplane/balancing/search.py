@@ -19,6 +19,7 @@ import numpy as np
 
 from controlplane.balancing.costs import CostTables, use_tables
 from controlplane.balancing.placement import gpu_expert_counts, replica_counts, take_rows
+from controlplane.balancing.selection import select_mean_slope
 from controlplane.balancing.steps import best_steps, extra_swaps
 
 __all__ = ["Trajectory", "local_search"]
@@ -89,6 +90,7 @@ def local_search(
     node_of_gpu: np.ndarray | None = None,
     cross_weight: float = 0.0,
     target: np.ndarray | None = None,
+    goal: float | None = None,
     max_steps: int,
 ) -> Trajectory:
     """Improve ``start [L, G*S]`` for ``loads [L, E]`` (float64, non-negative).
@@ -96,6 +98,11 @@ def local_search(
     ``reference [L, G*S]``: placement that moves are counted against (None: moves are free
     and each step takes the largest gain). ``node_of_gpu [G]``: node of each GPU (None: one
     node). ``target [L]``: a layer stops once its balancedness is at or below it.
+    ``goal``: the mean balancedness ``select_mean`` will be asked for. Once the latest states
+    reach it on average, that selection over the states visited so far gives the flattest
+    balance per move it needs; a layer stops when the selection leaves its latest state
+    unused or, later, when its last round bought less balance per move than that (later
+    steps of a layer buy less, and more states only make the selection steeper).
     ``max_steps``: most rounds. Returns the visited states.
     """
     w = np.asarray(loads, dtype=np.float64)
@@ -132,6 +139,9 @@ def local_search(
     steps_log: list[tuple[np.ndarray, ...]] = []  # per round: (layers, s1, e1, s2, e2)
     points_log: list[tuple[np.ndarray, ...]] = []  # per batch: (layer, steps, moves, bal)
     active = np.arange(num_layers)
+    latest = np.zeros(num_layers)  # balancedness of each layer's latest state
+    latest_moves = np.zeros(num_layers)  # and its moves
+    slope = None  # the selection's flattest balance per move, once the goal is in reach
     cached = None  # (layers, wx, cx, per, lg) of the state the next round starts from
 
     for round_no in range(max_steps + 1):
@@ -161,6 +171,17 @@ def local_search(
             stop[:] = True
         if target is not None:
             stop |= bal <= target[active]
+        if slope is not None:
+            gained = latest[active] - bal
+            spent = moves[active] - latest_moves[active]
+            stop |= gained < slope * spent
+        latest[active] = bal
+        latest_moves[active] = moves[active]
+        if slope is None and goal is not None and latest.sum() <= goal * num_layers:
+            unused, slope = _left_unused(points_log, active, done_steps, num_layers, goal)
+            stop |= unused
+            if slope == np.inf:  # the starting states already reach the goal
+                stop[:] = True
         if round_no == max_steps or stop.all():
             break
         if stop.any():
@@ -253,6 +274,15 @@ def local_search(
     points = np.stack([np.concatenate(col) for col in zip(*points_log, strict=True)], axis=1)
     points = points.astype(np.float64, copy=False)
     return Trajectory(start=start.copy(), steps=steps.astype(np.int64), points=points)
+
+
+def _left_unused(points_log, active, done_steps, num_layers, goal):
+    """``[A]`` bool: the active layers whose latest state ``select_mean`` over the points so
+    far does not take; and the balance per move of the flattest segment it takes."""
+    pts = [np.concatenate(col) for col in zip(*points_log, strict=True)]
+    layer = pts[0].astype(np.int64)
+    pick, slope = select_mean_slope(layer, pts[2].astype(np.float64), pts[3], num_layers, goal)
+    return pts[1][pick[active]] < done_steps[active], slope
 
 
 def _prefix_points(w, phy, rc, layers, s1, s2, extra, step_moves, done_steps, moves, gpus):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["select_budget", "select_mean"]
+__all__ = ["select_budget", "select_mean", "select_mean_slope"]
 
 
 def _hull(cost: list[float], bal: list[float]) -> list[int]:
@@ -90,11 +90,21 @@ def select_mean(
 
     ``layer, cost, bal [P]``: the points. Returns int64 ``[L]`` indices into the points.
     """
+    return select_mean_slope(layer, cost, bal, num_layers, goal)[0]
+
+
+def select_mean_slope(
+    layer: np.ndarray, cost: np.ndarray, bal: np.ndarray, num_layers: int, goal: float
+) -> tuple[np.ndarray, float]:
+    """``select_mean``'s choice and the balance per move of the last segment it took (inf
+    when it took none): segments flatter than that are not worth taking for ``goal``."""
     chosen, segments = _segments(layer, cost, bal, num_layers)
     total = float(bal[chosen].sum())
-    for _neg_ratio, lay, _n, _dcost, q in segments:
+    slope = np.inf
+    for neg_ratio, lay, _n, _dcost, q in segments:
         if total <= goal * num_layers:
             break
         total += float(bal[q] - bal[chosen[lay]])
         chosen[lay] = q
-    return chosen
+        slope = -neg_ratio
+    return chosen, slope
