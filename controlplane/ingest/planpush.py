@@ -50,6 +50,16 @@ class Published:
     base_epoch: int = 0
 
 
+class _Loading:
+    """A job's running-plan read: the lock its loaders queue on, and how many hold or wait on it."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
 class PlanCache:
     """One per ingest service: per job, the last plan this replica published to its streams;
     the streams of a job share one subscription to ``plans.<job>`` (:class:`SharedChannels`)."""
@@ -58,7 +68,8 @@ class PlanCache:
         self.channels = channels
         self._jobs: dict[str, Published] = {}
         self._bad: bytes | None = None  # the last payload that was not a plan (logged once)
-        self._loading: dict[str, asyncio.Lock] = {}  # job -> held while its running plan is read
+        # job -> its lock, held while its running plan is read; only while someone holds or waits on it
+        self._loading: dict[str, _Loading] = {}
         self.sent: Counter[str] = Counter()  # plans put on streams: "full" | "delta"
 
     async def follow(self, job_id: str, stream: StreamPlans) -> None:
@@ -113,12 +124,20 @@ class PlanCache:
     async def load(self, engine: Engine, job_id: str, epoch: int) -> Published:
         """The shared messages of stored plan ``epoch`` (full only), read from the store only
         when this replica does not hold them; streams connecting at once wait for one read."""
-        lock = self._loading.setdefault(job_id, asyncio.Lock())
-        async with lock:
-            pub = self.cached(job_id, epoch)
-            if pub is None:
-                plan = await asyncio.to_thread(plans.get_plan, engine, job_id, epoch)
-                pub = self.running(job_id, plan)
+        loading = self._loading.get(job_id)
+        if loading is None:
+            loading = self._loading[job_id] = _Loading()
+        loading.users += 1  # counted before the first await: the entry cannot go while we wait
+        try:
+            async with loading.lock:
+                pub = self.cached(job_id, epoch)
+                if pub is None:
+                    plan = await asyncio.to_thread(plans.get_plan, engine, job_id, epoch)
+                    pub = self.running(job_id, plan)
+        finally:  # also when cancelled or the read failed: the last one out drops the job's entry
+            loading.users -= 1
+            if loading.users == 0:
+                del self._loading[job_id]
         return pub
 
     def running(self, job_id: str, plan: dict) -> Published:

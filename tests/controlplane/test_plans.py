@@ -355,6 +355,51 @@ def test_agents_connecting_at_once_read_the_running_placement_once(cluster, monk
             aio.run(a.wait_for(lambda _r, a=a: plans_of(a)))
             np.testing.assert_array_equal(decode_array(plans_of(a)[0].phy2log, "p", kinds="iu"), placement)
         assert reads == [r.json()["epoch"]]
+        assert srv["ingest"].plans._loading == {}  # each stream's load ended before it sent the plan
     finally:
         for a in agents:
             aio.run(a.__aexit__(None, None, None))
+
+
+def test_plan_loads_drop_the_jobs_lock_once_nobody_holds_or_waits_on_it(monkeypatch):
+    """PlanCache.load keeps a job's lock only while loads of that job run or wait (it used to
+    keep one per job forever); concurrent loads still read the plan once, and a cancelled
+    waiter or a failed read leaves nothing behind."""
+    import asyncio
+    import threading
+
+    from controlplane.ingest import planpush
+    from controlplane.store.queries import NotFound
+
+    cache = planpush.PlanCache(channels=None)
+    entered, gate = threading.Event(), threading.Event()
+    reads = []
+
+    def get_plan(_engine, job_id, epoch, **_kw):
+        reads.append((job_id, epoch))
+        if job_id == "gone":
+            raise NotFound(f"plan {epoch} of job {job_id!r}")
+        entered.set()
+        assert gate.wait(10), "the test never opened the gate"
+        return {"job_id": job_id, "epoch": epoch, "phy2log": IDENT, "slots_per_rank": S}
+
+    monkeypatch.setattr(planpush.plans, "get_plan", get_plan)
+
+    async def scenario():
+        tasks = [asyncio.create_task(cache.load(None, "job-1", 7)) for _ in range(4)]
+        assert await asyncio.to_thread(entered.wait, 10)  # the first load reads; the others queue
+        assert list(cache._loading) == ["job-1"] and cache._loading["job-1"].users == 4
+        tasks[-1].cancel()  # a stream gone while it waited
+        gate.set()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(done[-1], asyncio.CancelledError)
+        assert all(p is done[0] for p in done[:3]) and done[0].epoch == 7
+        assert cache._loading == {}
+        assert await cache.load(None, "job-1", 7) is done[0]  # held: no read, no lock left
+        assert cache._loading == {}
+        with pytest.raises(NotFound):
+            await cache.load(None, "gone", 3)
+        assert cache._loading == {}
+
+    aio.run(scenario(), timeout=30)
+    assert reads == [("job-1", 7), ("gone", 3)]
