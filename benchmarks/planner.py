@@ -1,7 +1,7 @@
 """Planner benchmark: balance, moves, time and a training replay, against EPLB's greedy.
 
     .venv/bin/python benchmarks/planner.py [--seed 0] [--replay-steps 300] [--families walk,sim]
-                                           [--skip-replay]
+                                           [--skip-replay] [--replay-budgets 0.03,0.05]
 
 Cases, top-8 routing:
   58x256 on 32 GPUs x 9 slots (4 nodes), 58x256 on 64 GPUs x 5 slots (8 nodes),
@@ -24,7 +24,9 @@ Measured side by side in one run, per case:
                400 TFLOP/s) + stall (most expert copies received by one rank x 755 MB
                (16 bytes per parameter) / 25 GB/s); "free fresh@10" re-plans from scratch
                with moves charged nothing: a bound for any policy on the same schedule.
-               Extra rows: the same planner fed a forecast (``planner_replay.py``).
+               Extra rows: the same planner fed a forecast (``planner_replay.py``); the
+               stall had each re-plan's copies been spread evenly over the ranks; with
+               ``--replay-budgets``, ours@10 with that share of the slots as max_moves.
 Prints markdown tables. ``--skip-replay``: only the fresh, incremental and budgeted tables (the
 same traces, so the same numbers; the replay takes most of the run's time).
 """
@@ -141,8 +143,17 @@ def main(argv=None) -> int:
                              "workload model's default)")
     parser.add_argument("--skip-replay", action="store_true",
                         help="only the fresh, incremental and budgeted tables (no replay)")
+    parser.add_argument("--replay-budgets", default="",
+                        help="comma-separated shares of the slots (e.g. 0.03,0.05): extra "
+                             "replay rows of ours@10 with that max_moves per re-plan")
     args = parser.parse_args(argv)
     families = [f for f in args.families.split(",") if f]
+    try:
+        budgets = [float(x) for x in args.replay_budgets.split(",") if x]
+    except ValueError:
+        parser.error(f"--replay-budgets takes numbers, got {args.replay_budgets!r}")
+    if any(not 0 < b <= 1 for b in budgets):
+        parser.error(f"--replay-budgets shares must be in (0, 1], got {args.replay_budgets!r}")
     if not families or set(families) - {"walk", "sim"}:
         parser.error(f"--families takes walk and/or sim, got {args.families!r}")
 
@@ -155,7 +166,8 @@ def main(argv=None) -> int:
             label = (name, family)
             static_rows.append((label, static_cases(trace, layers, experts, gpus, spg, nodes)))
             if not args.skip_replay:
-                replay_rows.append((label, replay(trace, experts, gpus, spg, nodes)))
+                replay_rows.append(
+                    (label, replay(trace, experts, gpus, spg, nodes, budgets=budgets)))
             print(f"done {family} {name}", file=sys.stderr, flush=True)
     _print_tables(static_rows, replay_rows)
     return 0
@@ -201,6 +213,31 @@ def _print_tables(static_rows, replay_rows):
         print(f"| {name} | {fam} | {cell('ours@10')} | {cell('eplb@10')} | {cell('eplb@50')} | "
               f"{cell('once')} | {free:.3f} | {best / ours:.3f} | {once / ours:.3f} | "
               f"{best / free:.3f} | {once / free:.3f} |")
+    print("\n### Replay: stall with each re-plan's copies spread evenly over the ranks\n")
+    print("| case | trace | ours@10 stall | ours@10 even stall | ours@10 total if even | "
+          "best EPLB / that | once / that |")
+    print("|---|---|---|---|---|---|---|")
+    for (name, fam), r in replay_rows:
+        v = r["ours@10"]
+        best = min(r["eplb@10"]["total"], r["eplb@50"]["total"])
+        even_total = v["compute"] + v["even_stall"]
+        print(f"| {name} | {fam} | {v['stall']:.3f} | {v['even_stall']:.3f} | "
+              f"{even_total:.3f} | {best / even_total:.3f} | "
+              f"{r['once']['total'] / even_total:.3f} |")
+    budget_keys = [k for k in replay_rows[0][1] if " b=" in k]
+    if budget_keys:
+        print("\n### Replay, extra rows: ours@10 with a move budget per re-plan\n")
+        print("| case | trace | policy | s/step (compute + stall) | even-spread total | "
+              "best EPLB / ours | once / ours | copies moved |")
+        print("|---|---|---|---|---|---|---|---|")
+        for (name, fam), r in replay_rows:
+            best = min(r["eplb@10"]["total"], r["eplb@50"]["total"])
+            for k in ["ours@10", *budget_keys]:
+                v = r[k]
+                print(f"| {name} | {fam} | {k} | {v['total']:.3f} ({v['compute']:.3f} + "
+                      f"{v['stall']:.3f}) | {v['compute'] + v['even_stall']:.3f} | "
+                      f"{best / v['total']:.3f} | {r['once']['total'] / v['total']:.3f} | "
+                      f"{v['moves']} |")
     print("\n### Replay, extra rows: the same planner fed a forecast (not the headline policy)\n")
     print("| case | trace | ours@10+forecast | free fresh@10+forecast (bound) | "
           "best EPLB / ours+fc | once / ours+fc | forecasters picked (of re-plans) |")

@@ -14,7 +14,12 @@ Policies (``k`` = re-plan period in steps; "mean of 20" = mean of the last 20 st
   once           EPLB's plan of the first ``warmup`` steps, kept;
   free@10        a fresh plan from the mean of 20 every 10 steps, moves charged nothing: a
                  bound for any policy on the headline's schedule and input;
-  free@10+fc     the same from the forecast: the bound for ours@10+fc.
+  free@10+fc     the same from the forecast: the bound for ours@10+fc;
+  ours@10 b=X%   ours@10 with ``max_moves`` = X% of the slots per re-plan (``budgets``; extra
+                 rows: the move/balance trade-off a budget buys on the same schedule).
+Every policy also reports ``even_stall``: its stall had each re-plan's copies been spread
+evenly over the ranks (ceil(copies / G) per rank), i.e. what receipt-aware placement of the
+same moves could at best save.
 """
 
 from __future__ import annotations
@@ -51,15 +56,16 @@ def _forecast(history):
     return forecast(h, method=method, **params), method, params
 
 
-def replay(trace, experts, gpus, spg, nodes, warmup=20, window=20):
-    """Every policy on ``trace [T, L, E]``: {name: {compute, stall, total (s per step),
-    moves, picked (forecasters chosen, for the +fc rows)}}."""
+def replay(trace, experts, gpus, spg, nodes, warmup=20, window=20, budgets=()):
+    """Every policy on ``trace [T, L, E]``: {name: {compute, stall, even_stall, total (s per
+    step), moves, picked (forecasters chosen, for the +fc rows)}}. ``budgets``: shares of the
+    slots for the extra ``ours@10 b=X%`` rows."""
     steps = trace.shape[0]
     start = eplb_greedy(trace[:warmup].mean(axis=0), gpus, spg)
 
     def run(period, plan, inputs, charge=True):
         phy = start
-        compute = stall = 0.0
+        compute = stall = even = 0.0
         total_moves = 0
         picked: dict[str, int] = {}
         for t in range(warmup, steps):
@@ -68,12 +74,13 @@ def replay(trace, experts, gpus, spg, nodes, warmup=20, window=20):
                 new = plan(w, phy)
                 received = received_per_gpu(phy, new, gpus, experts)
                 stall += received.max() * SECONDS_PER_MOVE * charge
+                even += -(-int(received.sum()) // gpus) * SECONDS_PER_MOVE * charge
                 total_moves += int(received.sum())
                 phy = new
             compute += gpu_loads(trace[t], phy, gpus).max(axis=1).sum() * SECONDS_PER_TOKEN
         n = steps - warmup
         return {"compute": compute / n, "stall": stall / n, "total": (compute + stall) / n,
-                "moves": total_moves, "picked": picked}
+                "even_stall": even / n, "moves": total_moves, "picked": picked}
 
     def mean_of_window(t, picked):
         return trace[t - window : t].mean(axis=0)
@@ -95,7 +102,17 @@ def replay(trace, experts, gpus, spg, nodes, warmup=20, window=20):
     def fresh(w, phy):
         return fresh_placement(w, gpus, spg)
 
-    return {
+    def budgeted(share):
+        limit = int(share * trace.shape[1] * gpus * spg)
+
+        def plan(w, phy):
+            return np.asarray(plan_placement(w, gpus=gpus, slots_per_gpu=spg, nodes=nodes,
+                                             current=phy, max_moves=limit).phy2log)
+        return plan
+
+    extra = {f"ours@10 b={share:.0%}": run(10, budgeted(share), mean_of_window)
+             for share in budgets}
+    return extra | {
         "ours@10": run(10, ours, mean_of_window),
         "ours@10+fc": run(10, ours, forecast_input),
         "eplb@10": run(10, eplb, mean_of_window),
