@@ -27,6 +27,9 @@ __all__ = ["Trajectory", "local_search"]
 _PARTNER_SLOTS = 60  # slots on partner GPUs (the lightest) searched per round, about
 _FREE_PARTNER_SLOTS = 30  # the same for a fresh plan (free moves): fewer suffice
 _RECEIVE_SMOOTH = 2.0  # moves added to each GPU's count when weighing receipts
+_SLOPE_FACTOR = 1.5  # a layer stops once its last round gained < this x slope x moves;
+# the selection's slope only rises as the search goes on, so a margin above 1 stops
+# a layer a round earlier; 1.5 left all six benchmark plans unchanged, ~8% faster
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,7 @@ def local_search(
         if slope is not None:
             gained = latest[active] - bal
             spent = moves[active] - latest_moves[active]
-            stop |= gained < slope * spent
+            stop |= gained < _SLOPE_FACTOR * slope * spent
         latest[active] = bal
         latest_moves[active] = moves[active]
         if slope is None and goal is not None and latest.sum() <= goal * num_layers:
