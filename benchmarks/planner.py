@@ -173,6 +173,16 @@ def main(argv=None) -> int:
     return 0
 
 
+def _best_eplb(row):
+    """Seconds per step of the better EPLB schedule (every 10 or every 50 steps)."""
+    return min(row["eplb@10"]["total"], row["eplb@50"]["total"])
+
+
+def _split(v):
+    """A policy's seconds per step as "total (compute + stall)"."""
+    return f"{v['total']:.3f} ({v['compute']:.3f} + {v['stall']:.3f})"
+
+
 def _print_tables(static_rows, replay_rows):
     print("### Fresh placement (loads = mean of steps 50-69)\n")
     print("| case | trace | EPLB greedy bal | ours bal | ours - EPLB | EPLB vectorized ms | "
@@ -205,21 +215,18 @@ def _print_tables(static_rows, replay_rows):
           "best EPLB / ours | once / ours | best EPLB / bound | once / bound |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for (name, fam), r in replay_rows:
-        def cell(k, r=r):
-            v = r[k]
-            return f"{v['total']:.3f} ({v['compute']:.3f} + {v['stall']:.3f})"
-        best = min(r["eplb@10"]["total"], r["eplb@50"]["total"])
+        best = _best_eplb(r)
         ours, once, free = (r[k]["total"] for k in ("ours@10", "once", "free@10"))
-        print(f"| {name} | {fam} | {cell('ours@10')} | {cell('eplb@10')} | {cell('eplb@50')} | "
-              f"{cell('once')} | {free:.3f} | {best / ours:.3f} | {once / ours:.3f} | "
-              f"{best / free:.3f} | {once / free:.3f} |")
+        cells = " | ".join(_split(r[k]) for k in ("ours@10", "eplb@10", "eplb@50", "once"))
+        print(f"| {name} | {fam} | {cells} | {free:.3f} | {best / ours:.3f} | "
+              f"{once / ours:.3f} | {best / free:.3f} | {once / free:.3f} |")
     print("\n### Replay: stall with each re-plan's copies spread evenly over the ranks\n")
     print("| case | trace | ours@10 stall | ours@10 even stall | ours@10 total if even | "
           "best EPLB / that | once / that |")
     print("|---|---|---|---|---|---|---|")
     for (name, fam), r in replay_rows:
         v = r["ours@10"]
-        best = min(r["eplb@10"]["total"], r["eplb@50"]["total"])
+        best = _best_eplb(r)
         even_total = v["compute"] + v["even_stall"]
         print(f"| {name} | {fam} | {v['stall']:.3f} | {v['even_stall']:.3f} | "
               f"{even_total:.3f} | {best / even_total:.3f} | "
@@ -231,11 +238,11 @@ def _print_tables(static_rows, replay_rows):
               "best EPLB / ours | once / ours | copies moved |")
         print("|---|---|---|---|---|---|---|---|")
         for (name, fam), r in replay_rows:
-            best = min(r["eplb@10"]["total"], r["eplb@50"]["total"])
+            best = _best_eplb(r)
             for k in ["ours@10", *budget_keys]:
                 v = r[k]
-                print(f"| {name} | {fam} | {k} | {v['total']:.3f} ({v['compute']:.3f} + "
-                      f"{v['stall']:.3f}) | {v['compute'] + v['even_stall']:.3f} | "
+                print(f"| {name} | {fam} | {k} | {_split(v)} | "
+                      f"{v['compute'] + v['even_stall']:.3f} | "
                       f"{best / v['total']:.3f} | {r['once']['total'] / v['total']:.3f} | "
                       f"{v['moves']} |")
     print("\n### Replay, extra rows: the same planner fed a forecast (not the headline policy)\n")
@@ -244,9 +251,9 @@ def _print_tables(static_rows, replay_rows):
     print("|---|---|---|---|---|---|---|")
     for (name, fam), r in replay_rows:
         v = r["ours@10+fc"]
-        best = min(r["eplb@10"]["total"], r["eplb@50"]["total"])
+        best = _best_eplb(r)
         picked = ", ".join(f"{k} x{n}" for k, n in sorted(v["picked"].items()))
-        print(f"| {name} | {fam} | {v['total']:.3f} ({v['compute']:.3f} + {v['stall']:.3f}) | "
+        print(f"| {name} | {fam} | {_split(v)} | "
               f"{r['free@10+fc']['total']:.3f} | {best / v['total']:.3f} | "
               f"{r['once']['total'] / v['total']:.3f} | {picked} |")
 
