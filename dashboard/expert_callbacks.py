@@ -159,7 +159,7 @@ def register(app, engine: Engine, cache: BalancednessCache) -> None:
         shape = rows[-1]["counts"].shape
         rows = [r for r in rows if r["counts"].shape == shape]
         steps = [r["step"] for r in rows]
-        placements = placements_at_steps(engine, job_id, shape, steps)
+        placements = placements_at_steps(engine, job_id, shape, steps, running)
         total = np.sum([r["counts"] for r in rows], axis=0, dtype=np.int64)
         bal = np.stack([layer_balancedness(rank_loads(r["counts"], p.phy2log, p.geometry.ranks))
                         for r, p in zip(rows, placements, strict=True)])

@@ -65,11 +65,6 @@ def _identity(job: dict, shape: tuple[int, int], ranks_seen: int) -> Placement:
                      "identity")
 
 
-def _from_plan(job: dict, shape: tuple[int, int], ranks_seen: int, plan: dict | None) -> Placement:
-    placement = None if plan is None else _plan_placement(shape, plan)
-    return placement if placement is not None else _identity(job, shape, ranks_seen)
-
-
 class PlacementCache:
     """The running plan's placement per (job, plan, loads shape), so a dashboard refresh reads
     the plan's [L, G*S] placement blob (3.8 MB at 58x8192) only when the running plan changes:
@@ -88,8 +83,11 @@ class PlacementCache:
         """The placement of the job's newest applied plan for loads of ``shape``; None when
         there is none or it does not fit ``shape``."""
         head = P.latest_plan(engine, job_id, (P.PlanStatus.APPLIED,), with_placement=False)
-        if head is None:
-            return None
+        return None if head is None else self.of_plan(engine, job_id, head, shape)
+
+    def of_plan(self, engine: Engine, job_id: str, head: dict, shape: tuple[int, int]) -> Placement | None:
+        """The placement of the plan whose row without its blob is ``head`` (epoch,
+        created_at) for loads of ``shape``; None when it does not fit ``shape`` or is gone."""
         # created_at: a plan row re-created under the same epoch (a restored store) is another plan
         key = (job_id, head["epoch"], head["created_at"], tuple(int(n) for n in shape))
         with self._lock:
@@ -124,23 +122,35 @@ def current_placement(engine: Engine, job_id: str, shape: tuple[int, int],
     return placement if placement is not None else _identity(job, shape, job_ranks(engine, job_id))
 
 
-def placements_at_steps(engine: Engine, job_id: str, shape: tuple[int, int], steps: list[int]) -> list[Placement]:
+def placements_at_steps(engine: Engine, job_id: str, shape: tuple[int, int], steps: list[int],
+                        cache: PlacementCache | None = None) -> list[Placement]:
     """The placement that ran at each of ``steps``: the newest plan applied at or before the
-    step (applied, or since rolled back), else the identity placement. Reads each plan once."""
+    step (applied, or since rolled back), else the identity placement. Reads each plan's
+    placement once per call, or with ``cache`` once while the cache keeps it."""
     job = q.get_job(engine, job_id)
     ranks = job_ranks(engine, job_id)
     applied = sorted(
-        ((p["applied_step"], p["epoch"]) for p in P.list_plans(engine, job_id, limit=1000)
+        ((p["applied_step"], p["epoch"], p) for p in P.list_plans(engine, job_id, limit=1000)
          if p["status"] in RUNNING and p["applied_step"] is not None),
+        key=lambda a: a[:2],
         reverse=True,
     )
     by_epoch: dict[int | None, Placement] = {}
     out = []
     for step in steps:
-        epoch = next((e for s, e in applied if s <= step), None)
+        head = next((p for s, _, p in applied if s <= step), None)
+        epoch = None if head is None else head["epoch"]
         if epoch not in by_epoch:
-            plan = None if epoch is None else P.get_plan(engine, job_id, epoch)
-            by_epoch[epoch] = _from_plan(job, shape, ranks, plan)
+            if head is None:
+                placement = None
+            elif cache is not None:
+                placement = cache.of_plan(engine, job_id, head, shape)
+            else:
+                try:
+                    placement = _plan_placement(shape, P.get_plan(engine, job_id, epoch))
+                except q.NotFound:  # gone since the list above: as if it had not run
+                    placement = None
+            by_epoch[epoch] = placement if placement is not None else _identity(job, shape, ranks)
         out.append(by_epoch[epoch])
     return out
 

@@ -10,7 +10,12 @@ from controlplane.store.migrate import upgrade
 from controlplane.store.records import LoadsRecord
 from controlplane.store.writes import StoreWriter
 from dashboard.placement import layer_balancedness, rank_loads
-from dashboard.source import BalancednessCache, PlacementCache, current_placement
+from dashboard.source import (
+    BalancednessCache,
+    PlacementCache,
+    current_placement,
+    placements_at_steps,
+)
 from tests.dashboard.simjob import SimJob
 
 
@@ -122,3 +127,26 @@ def test_placement_cache_keeps_the_newest_entries_only(sim):
     assert len(reads) == 4
     with pytest.raises(ValueError, match="size"):
         PlacementCache(size=0)
+
+
+def test_history_placements_share_the_cache_with_the_live_view(sim):
+    engine, job = sim
+    shape, steps = (3, 12), [5, 10, 15, 20, 25]
+    first = job.plan((job.identity() + 1) % job.experts)
+    job.apply(first, step=10)
+    second = job.plan((job.identity() + 2) % job.experts)
+    job.apply(second, step=20)
+    P.transition(engine, job.job_id, second, P.PlanStatus.ROLLED_BACK, allowed_from=(P.PlanStatus.APPLIED,))
+    want = placements_at_steps(engine, job.job_id, shape, steps)
+    assert [p.source for p in want] == ["identity", f"epoch {first}", f"epoch {first}",
+                                        f"epoch {second}", f"epoch {second}"]  # rolled back, but it ran
+    cache = PlacementCache()
+    reads = placement_reads(engine)
+    current_placement(engine, job.job_id, shape, cache)  # the live view reads the running plan
+    assert len(reads) == 1
+    for expected_reads in (2, 2):  # the history view then reads only the plan not seen yet, once
+        got = placements_at_steps(engine, job.job_id, shape, steps, cache)
+        assert len(reads) == expected_reads
+        assert [(p.source, p.key) for p in got] == [(p.source, p.key) for p in want]
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g.phy2log, w.phy2log)
