@@ -12,6 +12,10 @@ or, with ``max_moves``, until the budget is spent (``select_budget``). A layer t
 selection leaves more than ``reshuffle_above`` above EPLB's greedy takes the most balanced
 state its search reached; if that too is above, EPLB's greedy with its GPUs renumbered to
 keep as many of the current (GPU, expert) pairs as possible (``match_gpus``).
+
+``search="repair"`` replaces the local search of an incremental plan without ``max_moves``
+by ``repair.repair_search``: every GPU above EPLB's greedy + ``tolerance`` is worked on at
+once, by the steps that remove the most excess load per move; the selection is the same.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from controlplane.balancing.placement import (
     match_gpus,
     replica_counts,
 )
+from controlplane.balancing.repair import repair_search
 from controlplane.balancing.search import local_search
 from controlplane.balancing.selection import select_budget, select_mean
 from controlplane.balancing.transfers import plan_transfers
@@ -37,6 +42,8 @@ from controlplane.balancing.validate import check_count, check_loads, check_plac
 __all__ = ["Plan", "fresh_placement", "plan_placement"]
 
 _LAYER_STOP = 0.5  # a layer's search stops this share of the tolerance above its fresh plan
+_REPAIR_PHASES = (1.0,)  # repair levels: EPLB's greedy + these shares of the tolerance
+SEARCHES = ("relieve", "repair")  # incremental searches, the default first
 _FRESH_ROUNDS = 4  # local-search rounds after EPLB greedy (each: one step per layer)
 
 
@@ -101,6 +108,7 @@ def plan_placement(
     tolerance: float = 0.01,
     reshuffle_above: float = 0.05,
     cross_node_weight: float = 0.5,
+    search: str = "relieve",
 ) -> Plan:
     """Place ``loads [L, E]`` (tokens per logical expert; float or int, finite, >= 0) on
     ``gpus`` GPUs of ``slots_per_gpu`` slots each (G*S >= E), spread over ``nodes`` nodes
@@ -134,6 +142,8 @@ def plan_placement(
     ):
         if not (isinstance(value, int | float) and np.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if search not in SEARCHES:
+        raise ValueError(f"search must be one of {', '.join(SEARCHES)}, got {search!r}")
     if max_moves is not None:
         max_moves = check_count("max_moves", max_moves, minimum=0)
         if current is None:
@@ -150,7 +160,8 @@ def plan_placement(
         # target it sets and cost as much time again
         fresh = eplb_greedy(w, gpus, slots_per_gpu)
         new = _incremental(
-            w, cur, fresh, gpus, nodes, max_moves, tolerance, reshuffle_above, cross_node_weight
+            w, cur, fresh, gpus, nodes, max_moves, tolerance, reshuffle_above, cross_node_weight,
+            search,
         )
 
     per_gpu = gpu_loads(w, new, gpus)
@@ -188,22 +199,31 @@ def _incremental(
     tolerance: float,
     reshuffle_above: float,
     cross_node_weight: float,
+    search: str,
 ) -> np.ndarray:
     num_layers = w.shape[0]
     num_slots = cur.shape[1]
     fresh_bal = layer_balancedness(gpu_loads(w, fresh, gpus))
     node_of_gpu = np.arange(gpus) // (gpus // nodes)
-    traj = local_search(
-        w,
-        cur,
-        gpus,
-        reference=cur,
-        node_of_gpu=node_of_gpu,
-        cross_weight=cross_node_weight if nodes > 1 else 0.0,
-        target=fresh_bal + _LAYER_STOP * tolerance,
-        goal=None if max_moves is not None else float(fresh_bal.mean()) + tolerance,
-        max_steps=max(8, num_slots // 2),
-    )
+    if max_moves is None and search == "repair":
+        traj = repair_search(
+            w, cur, gpus, reference=cur, node_of_gpu=node_of_gpu,
+            cross_weight=cross_node_weight if nodes > 1 else 0.0,
+            levels=fresh_bal[:, None] + tolerance * np.asarray(_REPAIR_PHASES)[None, :],
+            max_rounds=max(8, num_slots // 2),
+        )
+    else:
+        traj = local_search(
+            w,
+            cur,
+            gpus,
+            reference=cur,
+            node_of_gpu=node_of_gpu,
+            cross_weight=cross_node_weight if nodes > 1 else 0.0,
+            target=fresh_bal + _LAYER_STOP * tolerance,
+            goal=None if max_moves is not None else float(fresh_bal.mean()) + tolerance,
+            max_steps=max(8, num_slots // 2),
+        )
     pts = traj.points
     layer = pts[:, 0].astype(np.int64)
     steps = pts[:, 1].astype(np.int64)

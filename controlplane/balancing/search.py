@@ -69,7 +69,7 @@ class Trajectory:
         return phy
 
 
-def _receive_weight(received: np.ndarray) -> np.ndarray:
+def receive_weight(received: np.ndarray) -> np.ndarray:
     """Cost weight of a move onto each GPU, ``received [G]`` moves it already takes: a rank
     receiving more than the mean costs more (a re-plan stalls for the rank that receives
     the most weights), one receiving less costs less; 1 when all receive alike."""
@@ -193,7 +193,7 @@ def local_search(
                 v[keep] for v in (active, ph, wa, ca, wx, cx, per, lg, by_load, l1, mean)
             )
         level = None if target is None or not costed else target[active] * mean
-        gpu_weight = None if received is None else _receive_weight(received)
+        gpu_weight = None if received is None else receive_weight(received)
         if tables is not None:
             tables.update(code, gpu_weight)
         partners = by_load[:, :n_part]
@@ -263,7 +263,7 @@ def local_search(
             active = layers
             continue
         if found[5].any():
-            pts, cached = _prefix_points(w, phy, rc, layers, s1, s2, found[5], step_moves,
+            pts, cached = prefix_points(w, phy, rc, layers, s1, s2, found[5], step_moves,
                                          done_steps, moves, gpus)
             points_log.append(pts)
         moves += np.bincount(layers, weights=step_moves, minlength=num_layers)
@@ -288,7 +288,7 @@ def _left_unused(points_log, active, done_steps, num_layers, goal):
     return pts[1][pick[active]] < done_steps[active], slope
 
 
-def _prefix_points(w, phy, rc, layers, s1, s2, extra, step_moves, done_steps, moves, gpus):
+def prefix_points(w, phy, rc, layers, s1, s2, extra, step_moves, done_steps, moves, gpus):
     """Points (layer, steps, moves, balancedness) after each step of a round, exact.
 
     ``layers, s1, s2, extra, step_moves [K]``: the round's steps grouped by layer (top GPU's

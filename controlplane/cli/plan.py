@@ -1,7 +1,8 @@
 """``moeplane plan``: plan expert placement from a load matrix (a stable contract).
 
     moeplane plan --loads LOADS.npy --gpus G --slots-per-gpu S [--nodes N]
-                  [--current CURRENT.npy] [--max-moves K] --out PLAN.npy [--report REPORT.json]
+                  [--current CURRENT.npy] [--max-moves K] [--search relieve|repair]
+                  --out PLAN.npy [--report REPORT.json]
 
 LOADS.npy: float or integer ``[L, E]``; CURRENT.npy and PLAN.npy: int64 ``[L, G*S]``.
 REPORT.json: ``balancedness_before`` (of CURRENT, or of the identity placement ``slot % E``),
@@ -33,6 +34,9 @@ def register(subparsers) -> None:
     parser.add_argument("--nodes", type=int, default=1, help="nodes the GPUs span (default 1)")
     parser.add_argument("--current", help="CURRENT.npy, int64 [L, G*S]: plan incrementally")
     parser.add_argument("--max-moves", type=int, help="most expert copies to move (needs --current)")
+    parser.add_argument("--search", choices=("relieve", "repair"), default="relieve",
+                        help="incremental search without --max-moves: relieve (default, "
+                             "faster) or repair (fewer moves, about twice the time)")
     parser.add_argument("--out", required=True, help="PLAN.npy to write, int64 [L, G*S]")
     parser.add_argument("--report", help="REPORT.json to write")
 
@@ -81,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
                 nodes=args.nodes,
                 current=current,
                 max_moves=args.max_moves,
+                search=args.search,
             )
         except ValueError as exc:
             raise _BadInput(_flag_names(str(exc))) from None
@@ -110,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         "nodes": plan.nodes,
         "incremental": plan.incremental,
         "max_moves": args.max_moves,
+        "search": args.search,
         "before_placement": "current" if plan.incremental else "identity (slot % E)",
     }
     if args.report:

@@ -59,6 +59,27 @@ def test_incremental_plan_respects_max_moves(tmp_path, loads_file):
     assert rep["balancedness_after"] < rep["balancedness_before"]
 
 
+@pytest.mark.parametrize("search", ["relieve", "repair"])
+def test_incremental_plan_with_each_search_reaches_the_tolerance(tmp_path, search):
+    from controlplane.balancing import eplb_greedy
+
+    rng = np.random.default_rng(3)
+    old = rng.lognormal(0, 1, size=(4, 16)) * 1000
+    new = old * rng.lognormal(0, 0.5, size=old.shape)
+    np.save(tmp_path / "loads.npy", new)
+    np.save(tmp_path / "cur.npy", eplb_greedy(old, 4, 5))
+    out, report = tmp_path / "plan.npy", tmp_path / "report.json"
+    res = run_plan("--loads", tmp_path / "loads.npy", "--gpus", 4, "--slots-per-gpu", 5,
+                   "--current", tmp_path / "cur.npy", "--search", search, "--out", out,
+                   "--report", report)
+    assert res.returncode == 0, res.stderr
+    rep = json.loads(report.read_text())
+    fresh = balancedness(new, eplb_greedy(new, 4, 5), 4)
+    assert rep["balancedness_after"] <= fresh + 0.01 + 1e-12
+    assert rep["moved"] == count_moves(np.load(tmp_path / "cur.npy"), np.load(out), 4, 16).sum()
+    assert rep["search"] == search
+
+
 @pytest.mark.parametrize(
     ("make", "args", "words"),
     [
@@ -70,6 +91,7 @@ def test_incremental_plan_respects_max_moves(tmp_path, loads_file):
         ("cur_shape", ["--loads", "{loads}", "--current", "{tmp}/cur.npy"], "shape"),
         (None, ["--loads", "{loads}", "--max-moves", "3"], "current"),
         (None, ["--loads", "{loads}", "--gpus", "four"], "invalid int"),
+        (None, ["--loads", "{loads}", "--search", "fast"], "invalid choice"),
         (None, ["--loads", "{loads}", "--out", "{tmp}/no/dir/plan.npy"], "no such directory"),
     ],
 )

@@ -1,0 +1,85 @@
+"""The repair search (``search="repair"``): its recorded states are exact, its plans keep
+the planner's invariants, and it needs fewer moves than the default search on a drifted
+simulator workload."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controlplane.balancing import (
+    count_moves,
+    eplb_greedy,
+    gpu_loads,
+    layer_balancedness,
+    plan_placement,
+)
+from controlplane.balancing.repair import repair_search
+from tests.balancing.test_planner_properties import check_plan, problems
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _drifted(layers=6, experts=64, gpus=16, slots=5, seed=0):
+    rng = np.random.default_rng(seed)
+    old = rng.lognormal(0.0, 1.0, size=(layers, experts)) * 1000
+    new = old * rng.lognormal(0.0, 0.5, size=old.shape)
+    return old, new, eplb_greedy(old, gpus, slots)
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1), st.sampled_from([(8, 5, 1), (16, 5, 2), (8, 9, 4)]))
+def test_every_recorded_state_is_the_placement_it_names(seed, layout):
+    gpus, slots, nodes = layout
+    old, new, cur = _drifted(layers=3, experts=gpus * slots - 8, gpus=gpus, slots=slots,
+                             seed=seed)
+    fresh = layer_balancedness(gpu_loads(new, eplb_greedy(new, gpus, slots), gpus))
+    traj = repair_search(
+        new, cur, gpus, reference=cur, levels=(fresh + 0.01)[:, None],
+        node_of_gpu=np.arange(gpus) // (gpus // nodes), cross_weight=0.5, max_rounds=200,
+    )
+    assert len(traj.steps) > 0
+    for layer, steps, moves, bal in traj.points:
+        take = np.zeros(new.shape[0], dtype=np.int64)
+        take[int(layer)] = int(steps)
+        phy = traj.placement(take)
+        lay = int(layer)
+        got_bal = layer_balancedness(gpu_loads(new, phy, gpus))[lay]
+        got_moves = count_moves(cur, phy, gpus, new.shape[1])[lay]
+        assert got_moves == moves
+        assert got_bal == pytest.approx(bal, rel=1e-12)
+
+
+@SETTINGS
+@given(problems())
+def test_repair_plans_keep_the_invariants(problem):
+    loads, gpus, slots, nodes, current = problem
+    plan = plan_placement(loads, gpus=gpus, slots_per_gpu=slots, nodes=nodes,
+                          current=current, search="repair")
+    check_plan(plan, loads, gpus, slots, current)
+    again = plan_placement(loads, gpus=gpus, slots_per_gpu=slots, nodes=nodes,
+                           current=current, search="repair")
+    np.testing.assert_array_equal(plan.phy2log, again.phy2log)
+
+
+def test_repair_reaches_the_tolerance_with_fewer_moves_than_the_default_search():
+    from benchmarks.planner_traces import workload_trace
+
+    gpus, slots = 32, 5
+    trace = workload_trace(70, 8, 128, gpus=gpus, top_k=8, seed=1)
+    old, new = trace[:20].mean(axis=0), trace[50:70].mean(axis=0)
+    cur = eplb_greedy(old, gpus, slots)
+    goal = layer_balancedness(gpu_loads(new, eplb_greedy(new, gpus, slots), gpus)).mean() + 0.01
+    default = plan_placement(new, gpus=gpus, slots_per_gpu=slots, nodes=4, current=cur)
+    repair = plan_placement(new, gpus=gpus, slots_per_gpu=slots, nodes=4, current=cur,
+                            search="repair")
+    assert repair.balancedness_after <= goal + 1e-12
+    assert default.balancedness_after <= goal + 1e-12
+    assert repair.moves < default.moves
+
+
+def test_an_unknown_search_is_refused_by_name():
+    loads = np.ones((1, 4))
+    with pytest.raises(ValueError, match="search must be one of relieve, repair, got 'fast'"):
+        plan_placement(loads, gpus=2, slots_per_gpu=2, current=np.zeros((1, 4), np.int64) +
+                       np.arange(4) % 4, search="fast")
