@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Body, Path, Query, Request
@@ -77,6 +77,8 @@ class DryRunRequest(BaseModel):
     steps: int = Field(default=20, ge=1, le=10_000, description="recent steps averaged when no loads given")
     max_moves: int | None = Field(default=None, ge=0)
     incremental: bool = True
+    search: Literal["relieve", "repair"] = Field(
+        default="relieve", description="incremental search: relieve (faster) or repair (fewer moves)")
 
 
 class DryRunResult(BaseModel):
@@ -227,7 +229,7 @@ async def dry_run(job_id: JobId, engine: EngineDep, body: Annotated[DryRunReques
         plan = plan_placement(
             loads, gpus=world, slots_per_gpu=slots, nodes=nodes,
             current=current if body.incremental else None,
-            max_moves=body.max_moves if body.incremental else None,
+            max_moves=body.max_moves if body.incremental else None, search=body.search,
         )
         from controlplane.balancing import balancedness, count_moves
 

@@ -15,7 +15,7 @@ from controlplane.balancing.placement import (
     layer_balancedness,
     replica_counts,
 )
-from controlplane.balancing.planner import Plan, fresh_placement, plan_placement
+from controlplane.balancing.planner import SEARCHES, Plan, fresh_placement, plan_placement
 from controlplane.balancing.prediction import (
     FORECASTERS,
     choose_forecaster,
@@ -28,6 +28,7 @@ from controlplane.balancing.prediction import (
 
 __all__ = [
     "FORECASTERS",
+    "SEARCHES",
     "Plan",
     "balancedness",
     "choose_forecaster",

@@ -112,7 +112,7 @@ def decide(
         )
     plan = planner(
         predicted, gpus=world_size, slots_per_gpu=slots_per_rank, nodes=nodes, current=current,
-        max_moves=policy.max_moves,
+        max_moves=policy.max_moves, search=policy.search,
     )
     before = layer_balancedness(gpu_loads(predicted, current, world_size))
     after = layer_balancedness(gpu_loads(predicted, plan.phy2log, world_size))

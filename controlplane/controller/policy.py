@@ -7,6 +7,8 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 
+from controlplane.balancing import SEARCHES
+
 
 class Mode(StrEnum):
     AUTO = "auto"  # plans are pushed to agents without a human
@@ -28,6 +30,8 @@ class RebalancePolicy:
     intra_node_bytes_per_s, cross_node_bytes_per_s: link bandwidth per rank.
     moe_time_fraction: share of a step spent in expert compute (scales with max rank load).
     max_moves: most expert copies moved per plan (None: planner's choice).
+    search: the planner's incremental search, "relieve" (default) or "repair" (fewer moves
+        for the same balance, about twice the planning time; ``plan_placement``).
     plan_timeout_s: a pushed plan not applied by then is marked failed.
     """
 
@@ -43,6 +47,7 @@ class RebalancePolicy:
     cross_node_bytes_per_s: float = 25e9
     moe_time_fraction: float = 0.5
     max_moves: int | None = None
+    search: str = "relieve"
     plan_timeout_s: float = 120.0
 
     def __post_init__(self):
@@ -67,6 +72,8 @@ class RebalancePolicy:
             raise ValueError(f"moe_time_fraction: must be in (0, 1], got {self.moe_time_fraction!r}")
         if self.max_moves is not None and (isinstance(self.max_moves, bool) or self.max_moves < 0):
             raise ValueError(f"max_moves: must be >= 0 or null, got {self.max_moves!r}")
+        if self.search not in SEARCHES:
+            raise ValueError(f"search: must be one of {', '.join(SEARCHES)}, got {self.search!r}")
 
     def to_json(self) -> str:
         d = asdict(self)

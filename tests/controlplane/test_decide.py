@@ -38,6 +38,23 @@ def test_rebalances_a_sustained_imbalance_and_improves_it():
     assert d.gain_s > d.cost_s
 
 
+def test_the_policy_chooses_the_planner_search():
+    seen = []
+
+    def planner(*a, search, **kw):
+        seen.append(search)
+        from controlplane.balancing import plan_placement
+
+        return plan_placement(*a, search=search, **kw)
+
+    pol = RebalancePolicy(sustain_steps=3, min_interval_s=60, horizon_steps=100,
+                          expert_bytes=10**6, search="repair")
+    d = decide(**args(policy=pol), planner=planner)
+    assert seen == ["repair"]
+    assert d.action == Action.REBALANCE, d.reason
+    assert RebalancePolicy.from_json(pol.to_json()).search == "repair"
+
+
 def test_holds_within_the_min_interval_then_acts():
     assert decide(**args(last_plan_at=990.0)).action == Action.HOLD
     assert decide(**args(last_plan_at=900.0)).action == Action.REBALANCE
@@ -79,7 +96,8 @@ def test_ema_weights_recent_steps():
 @pytest.mark.parametrize(
     "bad,field",
     [({"mode": "sometimes"}, "mode"), ({"imbalance_threshold": 0.5}, "imbalance_threshold"),
-     ({"min_interval_s": -1}, "min_interval_s"), ({"colour": 1}, "colour")],
+     ({"min_interval_s": -1}, "min_interval_s"), ({"colour": 1}, "colour"),
+     ({"search": "fast"}, "search")],
 )
 def test_policy_validation_names_the_setting(bad, field):
     with pytest.raises(ValueError, match=field):

@@ -150,7 +150,12 @@ def test_dry_run(cluster):
     r = http.post("/jobs/job-1/plans/dry-run", json={"steps": 2})
     assert r.status_code == 200, r.text
     assert r.json()["balancedness_after"] < r.json()["balancedness_before"]
+    repair = http.post("/jobs/job-1/plans/dry-run", json={"steps": 2, "search": "repair"})
+    assert repair.status_code == 200, repair.text
+    assert repair.json()["balancedness_after"] < repair.json()["balancedness_before"]
     assert http.post("/jobs/job-1/plans/dry-run", json={"loads": [[1.0, 2.0]]}).status_code == 422
+    bad = http.post("/jobs/job-1/plans/dry-run", json={"steps": 2, "search": "fast"})
+    assert bad.status_code == 422 and "search" in bad.text
 
 
 def identity_with_swaps(base: np.ndarray, swaps: list[tuple[int, int, int]]) -> np.ndarray:
