@@ -6,18 +6,26 @@ every candidate by how much it lowers the layer's *total excess* over its level,
 more replica of an expert whose replicas sit on several GPUs above the level) then counts
 for all of them, and a step that pushes another GPU over the level pays for it.
 
-Each round, per active layer, one of:
+Candidates of a round, per active layer:
 
-- the best *re-point*: a slot anywhere whose expert has >= 2 replicas gets one more replica
-  of a candidate expert (the ``_Y_CHOICES`` experts whose extra replica takes the most excess
-  off their holders); the donor expert's other holders rise, the receiver's holders drop;
-- or the best *swap* of each of the ``heavy`` most loaded GPUs above the level with a slot of
-  the lightest GPUs, each with a partner no other swap of the round uses.
+- *re-points*: a slot whose expert x has >= 2 replicas (the ``_SOURCES`` donors whose loss
+  costs the least excess) gets one more replica of a candidate expert y (the ``_Y_CHOICES``
+  experts whose extra replica takes the most excess off their holders); x's other holders
+  rise, y's holders drop, the slot's GPU trades its share of x for one of y;
+- *swaps* of each of the ``_HEAVY`` most loaded GPUs with a slot of the lightest GPUs.
+
+A round takes, per layer, the best re-point of each candidate y (best first, up to
+``_REPOINTS``, each touching no GPU an earlier step of the round touches: the slot's GPU
+and the holders of x and y) when the best re-point beats every swap; then the best swap of
+each heavy GPU no step touched yet, with a partner nobody uses. Every step after the first
+needs ``_KEEP`` of the round's best score, so a round takes only steps that rank near the
+top anyway; steps on disjoint GPUs do not change each other's scores.
 
 Levels come in phases (``levels [L, P]``, balancedness, descending): a layer works toward
 the highest level still below its balancedness and stops below the last one, or when no
-step lowers its excess. The visited states are recorded as ``search.Trajectory`` points, so
-the selection (``selection.py``) picks per layer how far to go, as for ``local_search``.
+step lowers its excess. The states at round boundaries are recorded as ``search.Trajectory``
+points, so the selection (``selection.py``) picks per layer how far to go, as for
+``local_search``.
 
 Shapes: L layers, A active, E experts, G GPUs, S slots per GPU, N = G*S slots.
 """
@@ -28,16 +36,16 @@ import numpy as np
 
 from controlplane.balancing.costs import GAIN, LOSE, pair_cost
 from controlplane.balancing.placement import gpu_expert_counts, replica_counts, take_rows
-from controlplane.balancing.search import Trajectory, prefix_points, receive_weight
+from controlplane.balancing.search import Trajectory, receive_weight
 
 __all__ = ["repair_search"]
 
 _Y_CHOICES = 8  # candidate experts for a re-point, by the excess their extra replica removes
 _PARTNER_SLOTS = 60  # slots of the lightest GPUs a heavy GPU may swap with, about
 _HEAVY = 4  # most heavy GPUs that take a swap in one round, per layer (at most G / 8)
-_SOURCES = 32  # slots a re-point may take, per layer and round (the cheapest donors)
-_KEEP = 0.75  # a further step of a round needs this share of the round's best score
-_REPOINTS = 2  # most re-points of a layer in one round (touching disjoint GPUs)
+_SOURCES = 24  # slots a re-point may take, per layer and round (the cheapest donors)
+_KEEP = 0.5  # a further step of a round needs this share of the round's best score
+_REPOINTS = 8  # most re-points of a layer in one round (touching disjoint GPUs)
 _MIN_COST = 0.5  # a step that costs no move is scored as if it cost half a move
 _EPS = 1e-9  # relative: a step must lower the excess by more than this share of the mean
 
@@ -193,7 +201,13 @@ def repair_search(
         eb = _excess(lb, lev[:, :, None, None])
         delta = pa[:, :, :, None] - pj[:, None, None, :]  # [A, H, S, J]
         lev4 = lev[:, :, None, None]
-        d_sw = eh - _excess(lh - delta, lev4) + eb - _excess(lb + delta, lev4)
+        # excess removed: eh + eb - excess(lh - delta) - excess(lb + delta), in place
+        d_sw = np.subtract(lh - lev4, delta)
+        np.maximum(d_sw, 0.0, out=d_sw)
+        up = np.add(delta, lb - lev4)
+        np.maximum(up, 0.0, out=up)
+        d_sw += up
+        np.subtract(eh + eb, d_sw, out=d_sw)
         lid4 = active[:, None, None, None]
         a4, xa4 = hv[:, :, None, None], xa[:, :, :, None]
         b4, xj4 = bj[:, None, None, :], xj[:, None, None, :]
@@ -220,14 +234,13 @@ def repair_search(
         k_src = np.argmax(s3, axis=1)  # [A, K]
         k_score = np.take_along_axis(s3, k_src[:, None, :], axis=1)[:, 0, :]
         rank = np.argsort(-k_score, axis=1, kind="stable")
-        g_all = np.arange(gpus)
+        g_base = (active[:, None] * gpus + np.arange(gpus)) * num_experts  # [A, G]
         for q in range(min(_REPOINTS, n_y)):
             k = rank[:, q]
             sc = k_score[rows, k]
             s_q = src[rows, k_src[rows, k]]
             y_q = ycand[rows, k]
             x_q = ph[rows, s_q]
-            g_base = (active[:, None] * gpus + g_all) * num_experts  # [A, G]
             touch = (cnt.ravel()[g_base + x_q[:, None]] > 0) | (cnt.ravel()[g_base + y_q[:, None]] > 0)
             touch[rows, slot_gpu[s_q]] = True
             ok = take_rp & (sc > 0) & (sc >= _KEEP * top) & ~(touch & taken).any(axis=1)
@@ -256,16 +269,6 @@ def repair_search(
         step_moves, gained = _apply(phy, cnt, code, rc, ref_has, layers, s1, e1, s2, e2,
                                     slot_gpu, gpus, num_experts)
         received += gained
-        # exact points after each swap (``prefix_points`` undoes the later swaps of the
-        # layer); a layer's re-points come first and count as one block: the state after
-        # an earlier re-point of the block is not recorded
-        swap = s2 >= 0
-        if swap.any():
-            pts, _ = prefix_points(w, phy, rc, layers, s1, s2, swap, step_moves, done_steps,
-                                   moves, gpus)
-            nxt_rp = np.append((layers[1:] == layers[:-1]) & ~swap[1:], False)
-            keep = ~(~swap & nxt_rp)
-            points_log.append(tuple(v[keep] for v in pts))
         moves += np.bincount(layers, weights=step_moves, minlength=num_layers)
         done_steps += np.bincount(layers, minlength=num_layers)
         active = active[np.bincount(r_of, minlength=n_act) > 0]
