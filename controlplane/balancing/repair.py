@@ -32,9 +32,11 @@ Shapes: L layers, A active, E experts, G GPUs, S slots per GPU, N = G*S slots.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
-from controlplane.balancing.costs import GAIN, LOSE, pair_cost
+from controlplane.balancing.costs import GAIN, LOSE, CostTables, pair_cost, use_tables
 from controlplane.balancing.placement import gpu_expert_counts, replica_counts, take_rows
 from controlplane.balancing.search import Trajectory, receive_weight
 
@@ -89,6 +91,7 @@ def repair_search(
         nodes = int(node_of_gpu.max()) + 1
         node_has = ref_has.reshape(num_layers, nodes, gpus // nodes, num_experts).any(2)
     code = cnt.astype(np.int16) * 2 + ref_has
+    tables = CostTables(node_has, node_of_gpu, cross_weight) if use_tables(code) else None
     heavy = max(1, min(_HEAVY, gpus // 8))
     n_part = min(-(-_PARTNER_SLOTS // spg), gpus - heavy)
     n_y = min(_Y_CHOICES, num_experts)
@@ -130,7 +133,11 @@ def repair_search(
         exc = _excess(lg, lev)  # [A, G]
         eps = _EPS * mean
         gpu_weight = receive_weight(received)
-        cost_args = (code, node_has, node_of_gpu, cross_weight, gpu_weight)
+        if tables is not None:
+            tables.update(code, gpu_weight)
+
+        cost = partial(_cost, tables, (code, node_has, node_of_gpu, cross_weight, gpu_weight))
+
 
         # --- re-points: any slot whose expert has >= 2 replicas -> a candidate expert y
         g_of = slot_gpu[None, :]
@@ -176,8 +183,8 @@ def repair_search(
         new0 = new0 - c0y * (wy / ry)[:, None, :] + (c0y + 1) * (wy / (ry + 1))[:, None, :]
         d_rp = ux[:, :, None] + (by[:, None, :] - b0) + e0_3 - _excess(new0, lev3)
         lid = active[:, None, None]
-        c_rp = pair_cost(*cost_args, lid, g0[:, :, None], ycand[:, None, :], GAIN)
-        c_rp -= pair_cost(*cost_args, lid, g0[:, :, None], xs[:, :, None], LOSE)
+        c_rp = cost(lid, g0[:, :, None], ycand[:, None, :], GAIN)
+        c_rp -= cost(lid, g0[:, :, None], xs[:, :, None], LOSE)
         ok_rp = src_ok[:, :, None] & (ycand[:, None, :] != xs[:, :, None])
         ok_rp &= d_rp > eps[:, None, None]
         s_rp = np.where(ok_rp, d_rp / np.maximum(c_rp, _MIN_COST), 0.0).reshape(n_act, -1)
@@ -212,11 +219,10 @@ def repair_search(
         a4, xa4 = hv[:, :, None, None], xa[:, :, :, None]
         b4, xj4 = bj[:, None, None, :], xj[:, None, None, :]
         # "b gains a's expert" is the same for every slot of b: per partner GPU, repeated
-        c_sw = np.repeat(pair_cost(*cost_args, lid4, part[:, None, None, :], xa4, GAIN), spg,
-                         axis=3)
-        c_sw += pair_cost(*cost_args, lid4, a4, xj4, GAIN)
-        c_sw -= pair_cost(*cost_args, lid4, a4, xa4, LOSE)
-        c_sw -= pair_cost(*cost_args, lid4, b4, xj4, LOSE)
+        c_sw = np.repeat(cost(lid4, part[:, None, None, :], xa4, GAIN), spg, axis=3)
+        c_sw += cost(lid4, a4, xj4, GAIN)
+        c_sw -= cost(lid4, a4, xa4, LOSE)
+        c_sw -= cost(lid4, b4, xj4, LOSE)
         ok_sw = (delta > 0) & (xa4 != xj4) & (d_sw > eps[:, None, None, None])
         s_sw = np.where(ok_sw, d_sw / np.maximum(c_sw, _MIN_COST), 0.0)
         score_sw = s_sw.reshape(n_act, -1).max(axis=1)
@@ -280,6 +286,17 @@ def repair_search(
     points = np.stack([np.concatenate(col) for col in zip(*points_log, strict=True)], axis=1)
     return Trajectory(start=start.copy(), steps=steps.astype(np.int64),
                       points=points.astype(np.float64, copy=False))
+
+
+def _cost(tables, args, lid, g, e, which):
+    """Weighted cost of gaining (``which = GAIN``) or losing (``LOSE``) expert ``e`` on GPU
+    ``g`` of layer ``lid`` (index arrays, broadcast): from ``tables`` (a ``CostTables``
+    updated for the round) when there are tables, else ``pair_cost(*args, ...)``."""
+    if tables is None:
+        return pair_cost(*args, lid, g, e, which)
+    _, gpus, num_experts = args[0].shape
+    table = tables.gain if which == GAIN else tables.lose
+    return table[(lid * gpus + g) * num_experts + e]
 
 
 def _apply(phy, cnt, code, rc, ref_has, layers, s1, e1, s2, e2, slot_gpu, gpus, num_experts):
