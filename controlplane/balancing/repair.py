@@ -38,7 +38,7 @@ import numpy as np
 
 from controlplane.balancing.costs import GAIN, LOSE, CostTables, pair_cost, use_tables
 from controlplane.balancing.placement import gpu_expert_counts, replica_counts, take_rows
-from controlplane.balancing.search import Trajectory, receive_weight
+from controlplane.balancing.search import Trajectory, apply_steps, receive_weight
 
 __all__ = ["repair_search"]
 
@@ -272,7 +272,7 @@ def repair_search(
         r_of, s1, e1, s2, e2 = (c[order] for c in cols)
         layers = active[r_of]
         steps_log.append((layers, s1, e1, s2, e2))
-        step_moves, gained = _apply(phy, cnt, code, rc, ref_has, layers, s1, e1, s2, e2,
+        step_moves, gained = apply_steps(phy, cnt, code, rc, ref_has, layers, s1, e1, s2, e2,
                                     slot_gpu, gpus, num_experts)
         received += gained
         moves += np.bincount(layers, weights=step_moves, minlength=num_layers)
@@ -297,27 +297,3 @@ def _cost(tables, args, lid, g, e, which):
     _, gpus, num_experts = args[0].shape
     table = tables.gain if which == GAIN else tables.lose
     return table[(lid * gpus + g) * num_experts + e]
-
-
-def _apply(phy, cnt, code, rc, ref_has, layers, s1, e1, s2, e2, slot_gpu, gpus, num_experts):
-    """Apply a round's steps in place (each (layer, GPU, expert) touched once). Returns the
-    moves each step adds ``[K]`` and the moves each GPU gains ``[G]``."""
-    two = np.nonzero(s2 >= 0)[0]
-    idx = np.arange(len(layers))
-    t_step = np.concatenate([idx, idx, two, two])
-    t_gpu = slot_gpu[np.concatenate([s1, s1, s2[two], s2[two]])]
-    t_exp = np.concatenate([phy[layers, s1], e1, phy[layers[two], s2[two]], e2[two]])
-    t_lay = layers[t_step]
-    key = (t_lay * gpus + t_gpu) * num_experts + t_exp
-    was_move = (cnt.ravel()[key] > 0) & ~ref_has.ravel()[key]
-    n1, n2 = len(idx), len(two)
-    sign = np.repeat(np.array([-1, 1, -1, 1], np.int64), [n1, n1, n2, n2])
-    np.add.at(cnt.ravel(), key, sign.astype(cnt.dtype))
-    np.add.at(code.ravel(), key, (2 * sign).astype(code.dtype))
-    np.add.at(rc.ravel(), t_lay * num_experts + t_exp, sign)
-    phy[layers, s1] = e1
-    phy[layers[two], s2[two]] = e2[two]
-    is_move = (cnt.ravel()[key] > 0) & ~ref_has.ravel()[key]
-    change = is_move.astype(float) - was_move
-    step_moves = np.bincount(t_step, weights=change, minlength=len(layers))
-    return step_moves, np.bincount(t_gpu, weights=change, minlength=gpus)

@@ -229,34 +229,12 @@ def local_search(
         single = len(found) == 5
         layers, s1, e1, s2, e2 = found[:5]
         steps_log.append((layers, s1, e1, s2, e2))
-        # every (layer, GPU, expert) whose count a step may change, before the change; the
-        # steps of one layer in a round touch disjoint GPUs and each step replaces an expert
-        # with another, so each key occurs once
-        two = np.nonzero(s2 >= 0)[0]
-        idx = np.arange(len(layers))
-        t_step = np.concatenate([idx, idx, two, two])
-        t_gpu = slot_gpu[np.concatenate([s1, s1, s2[two], s2[two]])]
-        t_exp = np.concatenate([phy[layers, s1], e1, phy[layers[two], s2[two]], e2[two]])
-        t_lay = layers[t_step]
-        key = (t_lay * gpus + t_gpu) * num_experts + t_exp  # flat [L, G, E] index
+        # the steps of one layer in a round touch disjoint GPUs and each step replaces an
+        # expert with another, so each (layer, GPU, expert) they change occurs once
+        step_moves, gained = apply_steps(phy, cnt, code, rc, ref_has, layers, s1, e1, s2, e2,
+                                         slot_gpu, gpus, num_experts)
         if costed:
-            was_move = (cnt.ravel()[key] > 0) & ~ref_has.ravel()[key]
-        # apply: each (layer, GPU, expert) loses (-1) its old expert and gains (+1) the new
-        # one, in one batched update per array
-        n1, n2 = len(idx), len(two)
-        sign = np.repeat(np.array([-1, 1, -1, 1], np.int64), [n1, n1, n2, n2])  # one per key
-        np.add.at(cnt.ravel(), key, sign.astype(cnt.dtype))
-        if code is not None:
-            np.add.at(code.ravel(), key, (2 * sign).astype(code.dtype))
-        np.add.at(rc.ravel(), t_lay * num_experts + t_exp, sign)
-        phy[layers, s1] = e1
-        phy[layers[two], s2[two]] = e2[two]
-        step_moves = np.zeros(len(layers))
-        if costed:
-            is_move = (cnt.ravel()[key] > 0) & ~ref_has.ravel()[key]
-            change = is_move.astype(float) - was_move
-            step_moves = np.bincount(t_step, weights=change, minlength=len(layers))
-            received += np.bincount(t_gpu, weights=change, minlength=gpus)
+            received += gained
         if single:
             moves[layers] += step_moves
             done_steps[layers] += 1
@@ -277,6 +255,41 @@ def local_search(
     points = np.stack([np.concatenate(col) for col in zip(*points_log, strict=True)], axis=1)
     points = points.astype(np.float64, copy=False)
     return Trajectory(start=start.copy(), steps=steps.astype(np.int64), points=points)
+
+
+def apply_steps(phy, cnt, code, rc, ref_has, layers, s1, e1, s2, e2, slot_gpu, gpus,
+                num_experts):
+    """Apply a round's steps in place: slot ``s1 [K]`` of layer ``layers [K]`` gets expert
+    ``e1``, and ``s2`` gets ``e2`` where ``s2 >= 0`` (a swap). ``cnt [L, G, E]`` replicas
+    per GPU, ``code`` (or None) and ``rc [L, E]`` are updated; each (layer, GPU, expert) a
+    step changes must occur once in the round. Returns the moves each step adds against the
+    reference ``[K]`` and the moves each GPU gains ``[G]`` (zeros when ``ref_has`` is None:
+    moves are free)."""
+    two = np.nonzero(s2 >= 0)[0]
+    idx = np.arange(len(layers))
+    t_step = np.concatenate([idx, idx, two, two])
+    t_gpu = slot_gpu[np.concatenate([s1, s1, s2[two], s2[two]])]
+    t_exp = np.concatenate([phy[layers, s1], e1, phy[layers[two], s2[two]], e2[two]])
+    t_lay = layers[t_step]
+    key = (t_lay * gpus + t_gpu) * num_experts + t_exp  # flat [L, G, E] index
+    if ref_has is not None:
+        was_move = (cnt.ravel()[key] > 0) & ~ref_has.ravel()[key]
+    # each (layer, GPU, expert) loses (-1) its old expert and gains (+1) the new one, in one
+    # batched update per array
+    n1, n2 = len(idx), len(two)
+    sign = np.repeat(np.array([-1, 1, -1, 1], np.int64), [n1, n1, n2, n2])  # one per key
+    np.add.at(cnt.ravel(), key, sign.astype(cnt.dtype))
+    if code is not None:
+        np.add.at(code.ravel(), key, (2 * sign).astype(code.dtype))
+    np.add.at(rc.ravel(), t_lay * num_experts + t_exp, sign)
+    phy[layers, s1] = e1
+    phy[layers[two], s2[two]] = e2[two]
+    if ref_has is None:
+        return np.zeros(len(layers)), np.zeros(gpus)
+    is_move = (cnt.ravel()[key] > 0) & ~ref_has.ravel()[key]
+    change = is_move.astype(float) - was_move
+    step_moves = np.bincount(t_step, weights=change, minlength=len(layers))
+    return step_moves, np.bincount(t_gpu, weights=change, minlength=gpus)
 
 
 def _left_unused(points_log, active, done_steps, num_layers, goal):
