@@ -39,7 +39,7 @@ from controlplane.balancing.selection import select_budget, select_mean
 from controlplane.balancing.transfers import plan_transfers
 from controlplane.balancing.validate import check_count, check_loads, check_placement
 
-__all__ = ["Plan", "fresh_placement", "plan_placement"]
+__all__ = ["SEARCHES", "Plan", "fresh_placement", "plan_placement"]
 
 _LAYER_STOP = 0.5  # a layer's search stops this share of the tolerance above its fresh plan
 _REPAIR_PHASES = (1.0,)  # repair levels: EPLB's greedy + these shares of the tolerance

@@ -138,7 +138,6 @@ def repair_search(
 
         cost = partial(_cost, tables, (code, node_has, node_of_gpu, cross_weight, gpu_weight))
 
-
         # --- re-points: any slot whose expert has >= 2 replicas -> a candidate expert y
         g_of = slot_gpu[None, :]
         c_slot = cnt.ravel()[((active[:, None] * gpus + g_of) * num_experts + ph)]  # [A, N]
@@ -188,8 +187,7 @@ def repair_search(
         ok_rp = src_ok[:, :, None] & (ycand[:, None, :] != xs[:, :, None])
         ok_rp &= d_rp > eps[:, None, None]
         s_rp = np.where(ok_rp, d_rp / np.maximum(c_rp, _MIN_COST), 0.0).reshape(n_act, -1)
-        best_rp = np.argmax(s_rp, axis=1)
-        score_rp = s_rp[rows, best_rp]
+        score_rp = s_rp.max(axis=1)
 
         # --- swaps: each heavy GPU above the level with a slot of the lightest GPUs
         by_load = np.argsort(lg, axis=1, kind="stable")
