@@ -271,7 +271,7 @@ def repair_search(
         layers = active[r_of]
         steps_log.append((layers, s1, e1, s2, e2))
         step_moves, gained = apply_steps(phy, cnt, code, rc, ref_has, layers, s1, e1, s2, e2,
-                                    slot_gpu, gpus, num_experts)
+                                         slot_gpu, gpus, num_experts)
         received += gained
         moves += np.bincount(layers, weights=step_moves, minlength=num_layers)
         done_steps += np.bincount(layers, minlength=num_layers)
