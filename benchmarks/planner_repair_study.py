@@ -15,8 +15,9 @@ new loads, until no GPU is above the level. Candidates, every one evaluated exac
   relieve two GPUs; a swap relieves one for two moves).
 
 This is what ``controlplane.balancing.repair`` (``search="repair"``) approximates with a
-few candidates per round and many layers at once; the 3-cycles are not in it yet (a
-vectorized version restricted to the 4 heaviest GPUs and the 2 lightest bought nothing).
+few candidates per round and many layers at once. The 3-cycles are not in it: three
+vectorized versions bought at most 0.6 points of the 2 this study shows (see
+docs/bench-planner.md, fourth round).
 Python loops: about 1 s per layer without cycles, 3 s with them. Prints the moves as a
 share of the slots and the balancedness reached, beside the planner's plans.
 """
