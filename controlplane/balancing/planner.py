@@ -120,8 +120,12 @@ def plan_placement(
     ``reshuffle_above``: a layer left more than this above EPLB's greedy takes its search's
     best state, or if still above, EPLB's greedy with GPUs renumbered (only without
     ``max_moves``). ``cross_node_weight``: extra cost of a cross-node move when ranking
-    steps (0: none). Pure and deterministic. Raises ValueError naming the argument on bad
-    input.
+    steps (0: none). ``search``: how an incremental plan without ``max_moves`` finds its
+    steps, ``"relieve"`` (``search.local_search``: the most loaded GPUs of each layer first;
+    the faster) or ``"repair"`` (``repair.repair_search``: every GPU above EPLB's greedy +
+    ``tolerance``, by the steps that remove the most excess per move; fewer moves for the
+    same balance, up to 1.5x the time). Pure and deterministic. Raises ValueError naming the
+    argument on bad input.
     """
     w = check_loads(loads)
     gpus = check_count("gpus", gpus)

@@ -31,7 +31,7 @@ class RebalancePolicy:
     moe_time_fraction: share of a step spent in expert compute (scales with max rank load).
     max_moves: most expert copies moved per plan (None: planner's choice).
     search: the planner's incremental search, "relieve" (default) or "repair" (fewer moves
-        for the same balance, about twice the planning time; ``plan_placement``).
+        for the same balance, up to 1.5x the planning time; ``plan_placement``).
     plan_timeout_s: a pushed plan not applied by then is marked failed.
     """
 
