@@ -92,14 +92,14 @@ def replay(trace, experts, gpus, spg, nodes, warmup=20, window=20, budgets=()):
         picked[key] = picked.get(key, 0) + 1
         return f
 
-    def ours(w, phy):
-        return np.asarray(
-            plan_placement(w, gpus=gpus, slots_per_gpu=spg, nodes=nodes, current=phy).phy2log
-        )
+    def incremental(**settings):
+        """Our planner from the placement in force, with ``settings`` beyond the defaults."""
+        def plan(w, phy):
+            return np.asarray(plan_placement(w, gpus=gpus, slots_per_gpu=spg, nodes=nodes,
+                                             current=phy, **settings).phy2log)
+        return plan
 
-    def repair(w, phy):
-        return np.asarray(plan_placement(w, gpus=gpus, slots_per_gpu=spg, nodes=nodes,
-                                         current=phy, search="repair").phy2log)
+    ours = incremental()
 
     def eplb(w, phy):
         return eplb_greedy(w, gpus, spg)
@@ -107,19 +107,13 @@ def replay(trace, experts, gpus, spg, nodes, warmup=20, window=20, budgets=()):
     def fresh(w, phy):
         return fresh_placement(w, gpus, spg)
 
-    def budgeted(share):
-        limit = int(share * trace.shape[1] * gpus * spg)
-
-        def plan(w, phy):
-            return np.asarray(plan_placement(w, gpus=gpus, slots_per_gpu=spg, nodes=nodes,
-                                             current=phy, max_moves=limit).phy2log)
-        return plan
-
-    extra = {f"ours@10 b={share:.0%}": run(10, budgeted(share), mean_of_window)
+    extra = {f"ours@10 b={share:.0%}": run(
+                 10, incremental(max_moves=int(share * trace.shape[1] * gpus * spg)),
+                 mean_of_window)
              for share in budgets}
     return extra | {
         "ours@10": run(10, ours, mean_of_window),
-        "ours@10 repair": run(10, repair, mean_of_window),
+        "ours@10 repair": run(10, incremental(search="repair"), mean_of_window),
         "ours@10+fc": run(10, ours, forecast_input),
         "eplb@10": run(10, eplb, mean_of_window),
         "eplb@50": run(50, eplb, mean_of_window),

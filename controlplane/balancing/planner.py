@@ -42,7 +42,6 @@ from controlplane.balancing.validate import check_count, check_loads, check_plac
 __all__ = ["SEARCHES", "Plan", "fresh_placement", "plan_placement"]
 
 _LAYER_STOP = 0.5  # a layer's search stops this share of the tolerance above its fresh plan
-_REPAIR_PHASES = (1.0,)  # repair levels: EPLB's greedy + these shares of the tolerance
 SEARCHES = ("relieve", "repair")  # incremental searches, the default first
 _FRESH_ROUNDS = 4  # local-search rounds after EPLB greedy (each: one step per layer)
 
@@ -213,7 +212,7 @@ def _incremental(
         traj = repair_search(
             w, cur, gpus, reference=cur, node_of_gpu=node_of_gpu,
             cross_weight=cross_node_weight if nodes > 1 else 0.0,
-            levels=fresh_bal[:, None] + tolerance * np.asarray(_REPAIR_PHASES)[None, :],
+            levels=fresh_bal + tolerance,
             max_rounds=max(8, num_slots // 2),
         )
     else:

@@ -21,8 +21,7 @@ each heavy GPU no step touched yet, with a partner nobody uses. Every step after
 needs ``_KEEP`` of the round's best score, so a round takes only steps that rank near the
 top anyway; steps on disjoint GPUs do not change each other's scores.
 
-Levels come in phases (``levels [L, P]``, balancedness, descending): a layer works toward
-the highest level still below its balancedness and stops below the last one, or when no
+A layer stops once its balancedness is at or below its level (``levels [L]``), or when no
 step lowers its excess. The states at round boundaries are recorded as ``search.Trajectory``
 points, so the selection (``selection.py``) picks per layer how far to go, as for
 ``local_search``.
@@ -36,9 +35,9 @@ from functools import partial
 
 import numpy as np
 
-from controlplane.balancing.costs import GAIN, LOSE, CostTables, pair_cost, use_tables
+from controlplane.balancing.costs import GAIN, LOSE, pair_cost
 from controlplane.balancing.placement import gpu_expert_counts, replica_counts, take_rows
-from controlplane.balancing.search import Trajectory, apply_steps, receive_weight
+from controlplane.balancing.search import Trajectory, apply_steps, move_state, receive_weight
 
 __all__ = ["repair_search"]
 
@@ -67,8 +66,8 @@ def repair_search(
     cross_weight: float = 0.0,
     max_rounds: int,
 ) -> Trajectory:
-    """Repair ``start [L, G*S]`` for ``loads [L, E]`` (float64, >= 0) toward ``levels [L, P]``
-    (balancedness, descending along P), counting moves against ``reference [L, G*S]``.
+    """Repair ``start [L, G*S]`` for ``loads [L, E]`` (float64, >= 0) toward ``levels [L]``
+    (balancedness), counting moves against ``reference [L, G*S]``.
 
     ``node_of_gpu [G]``: node of each GPU (None: one node); a move whose expert no GPU of the
     destination's node held in the reference costs ``1 + cross_weight``. Returns the visited
@@ -82,16 +81,9 @@ def repair_search(
     cnt = gpu_expert_counts(phy, gpus, num_experts).astype(np.int32)
     rc = replica_counts(phy, num_experts)
     slot_gpu = np.arange(num_slots) // spg
-    ref_has = gpu_expert_counts(reference, gpus, num_experts) > 0
-    new_pairs = (cnt > 0) & ~ref_has
-    moves = new_pairs.sum(axis=(1, 2)).astype(np.float64)
-    received = new_pairs.sum(axis=(0, 2)).astype(np.float64)
-    node_has = None
-    if node_of_gpu is not None and int(node_of_gpu.max()) > 0:
-        nodes = int(node_of_gpu.max()) + 1
-        node_has = ref_has.reshape(num_layers, nodes, gpus // nodes, num_experts).any(2)
-    code = cnt.astype(np.int16) * 2 + ref_has
-    tables = CostTables(node_has, node_of_gpu, cross_weight) if use_tables(code) else None
+    ref_has, moves, received, node_has, code, tables = move_state(
+        cnt, start, reference, node_of_gpu, cross_weight
+    )
     heavy = max(1, min(_HEAVY, gpus // 8))
     n_part = min(-(-_PARTNER_SLOTS // spg), gpus - heavy)
     n_y = min(_Y_CHOICES, num_experts)
@@ -114,22 +106,18 @@ def repair_search(
         safe = np.where(loaded, mean, 1.0)
         bal = np.where(loaded, lg.max(axis=1) / safe, 1.0)
         points_log.append((active, done_steps[active], moves[active], bal))
-        # the level: the highest phase below the layer's balancedness (none: the layer is done)
-        below = levels[active] < bal[:, None] * (1 - 1e-12)
-        go = below.any(axis=1) & loaded
+        go = (levels[active] < bal * (1 - 1e-12)) & loaded  # the rest are done
         if round_no == max_rounds or gpus < 2 or not go.any():
             break
         keep = np.nonzero(go)[0]
         if len(keep) < n_act:
-            active, ph, wa, ca, wx, cx, per, lg, mean, below = (
-                v[keep] for v in (active, ph, wa, ca, wx, cx, per, lg, mean, below)
+            active, ph, wa, ca, wx, cx, per, lg, mean = (
+                v[keep] for v in (active, ph, wa, ca, wx, cx, per, lg, mean)
             )
             n_act = len(active)
             rows = np.arange(n_act)
             rw = rows[:, None]
-        first_below = np.argmax(below, axis=1)
-        level = levels[active, first_below] * mean  # [A] tokens
-        lev = level[:, None]
+        lev = (levels[active] * mean)[:, None]  # [A, 1] tokens
         exc = _excess(lg, lev)  # [A, G]
         eps = _EPS * mean
         gpu_weight = receive_weight(received)
@@ -277,13 +265,7 @@ def repair_search(
         done_steps += np.bincount(layers, minlength=num_layers)
         active = active[np.bincount(r_of, minlength=n_act) > 0]
 
-    if steps_log:
-        steps = np.stack([np.concatenate(col) for col in zip(*steps_log, strict=True)], axis=1)
-    else:
-        steps = np.zeros((0, 5), dtype=np.int64)
-    points = np.stack([np.concatenate(col) for col in zip(*points_log, strict=True)], axis=1)
-    return Trajectory(start=start.copy(), steps=steps.astype(np.int64),
-                      points=points.astype(np.float64, copy=False))
+    return Trajectory.from_logs(start, steps_log, points_log)
 
 
 def _cost(tables, args, lid, g, e, which):

@@ -46,6 +46,18 @@ class Trajectory:
     steps: np.ndarray
     points: np.ndarray
 
+    @classmethod
+    def from_logs(cls, start, steps_log, points_log) -> Trajectory:
+        """A trajectory from a search's logs: ``steps_log`` per round (layers, s1, e1, s2,
+        e2), ``points_log`` per batch (layer, steps, moves, balancedness), all ``[K]``."""
+        if steps_log:
+            steps = np.stack([np.concatenate(c) for c in zip(*steps_log, strict=True)], axis=1)
+        else:
+            steps = np.zeros((0, 5), dtype=np.int64)
+        points = np.stack([np.concatenate(c) for c in zip(*points_log, strict=True)], axis=1)
+        return cls(start=start.copy(), steps=steps.astype(np.int64),
+                   points=points.astype(np.float64, copy=False))
+
     def placement(self, steps_per_layer: np.ndarray) -> np.ndarray:
         """The placement after the first ``steps_per_layer [L]`` steps of each layer."""
         phy = self.start.copy()
@@ -122,22 +134,13 @@ def local_search(
     n_part = min(-(-part_slots // spg), gpus - heavy)  # partner GPUs: the lightest
     # code = 2 * replicas + (GPU held the expert in the reference): 0 = gaining the expert
     # is a move, 2 = losing the only replica removes a move, anything else changes nothing.
-    node_has = code = ref_has = None
+    node_has = code = ref_has = tables = None
     moves = np.zeros(num_layers)
     received = None  # [G] moves onto each GPU, all layers
     if costed:
-        same = reference is start or np.array_equal(reference, start)
-        ref_has = cnt > 0 if same else gpu_expert_counts(reference, gpus, num_experts) > 0
-        new_pairs = (cnt > 0) & ~ref_has
-        moves = new_pairs.sum(axis=(1, 2)).astype(np.float64)
-        received = new_pairs.sum(axis=(0, 2)).astype(np.float64)
-        if node_of_gpu is not None and int(node_of_gpu.max()) > 0:
-            nodes = int(node_of_gpu.max()) + 1
-            node_has = ref_has.reshape(num_layers, nodes, gpus // nodes, num_experts).any(2)
-        code = cnt.astype(np.int16) * 2 + ref_has
-    tables = None
-    if code is not None and use_tables(code):
-        tables = CostTables(node_has, node_of_gpu, cross_weight)
+        ref_has, moves, received, node_has, code, tables = move_state(
+            cnt, start, reference, node_of_gpu, cross_weight
+        )
     done_steps = np.zeros(num_layers, dtype=np.int64)
     steps_log: list[tuple[np.ndarray, ...]] = []  # per round: (layers, s1, e1, s2, e2)
     points_log: list[tuple[np.ndarray, ...]] = []  # per batch: (layer, steps, moves, bal)
@@ -248,13 +251,28 @@ def local_search(
         done_steps += np.bincount(layers, minlength=num_layers)
         active = np.unique(layers)
 
-    if steps_log:
-        steps = np.stack([np.concatenate(col) for col in zip(*steps_log, strict=True)], axis=1)
-    else:
-        steps = np.zeros((0, 5), dtype=np.int64)
-    points = np.stack([np.concatenate(col) for col in zip(*points_log, strict=True)], axis=1)
-    points = points.astype(np.float64, copy=False)
-    return Trajectory(start=start.copy(), steps=steps.astype(np.int64), points=points)
+    return Trajectory.from_logs(start, steps_log, points_log)
+
+
+def move_state(cnt, start, reference, node_of_gpu, cross_weight):
+    """What a costed search keeps about moves, from ``cnt [L, G, E]`` (replicas per GPU of
+    ``start [L, G*S]``) and ``reference [L, G*S]``: ``ref_has [L, G, E]`` bool, moves per
+    layer ``[L]`` and per receiving GPU ``[G]`` (float64), ``node_has [L, nodes, E]`` (None:
+    one node), ``code`` (see ``costs``) and the ``CostTables`` for small layouts (else None).
+    """
+    num_layers, gpus, num_experts = cnt.shape
+    same = reference is start or np.array_equal(reference, start)
+    ref_has = cnt > 0 if same else gpu_expert_counts(reference, gpus, num_experts) > 0
+    new_pairs = (cnt > 0) & ~ref_has
+    moves = new_pairs.sum(axis=(1, 2)).astype(np.float64)
+    received = new_pairs.sum(axis=(0, 2)).astype(np.float64)
+    node_has = None
+    if node_of_gpu is not None and int(node_of_gpu.max()) > 0:
+        nodes = int(node_of_gpu.max()) + 1
+        node_has = ref_has.reshape(num_layers, nodes, gpus // nodes, num_experts).any(2)
+    code = cnt.astype(np.int16) * 2 + ref_has
+    tables = CostTables(node_has, node_of_gpu, cross_weight) if use_tables(code) else None
+    return ref_has, moves, received, node_has, code, tables
 
 
 def apply_steps(phy, cnt, code, rc, ref_has, layers, s1, e1, s2, e2, slot_gpu, gpus,

@@ -35,7 +35,7 @@ def test_every_recorded_state_is_the_placement_it_names(seed, layout):
                              seed=seed)
     fresh = layer_balancedness(gpu_loads(new, eplb_greedy(new, gpus, slots), gpus))
     traj = repair_search(
-        new, cur, gpus, reference=cur, levels=(fresh + 0.01)[:, None],
+        new, cur, gpus, reference=cur, levels=fresh + 0.01,
         node_of_gpu=np.arange(gpus) // (gpus // nodes), cross_weight=0.5, max_rounds=200,
     )
     assert len(traj.steps) > 0
