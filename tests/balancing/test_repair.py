@@ -83,3 +83,42 @@ def test_an_unknown_search_is_refused_by_name():
     with pytest.raises(ValueError, match="search must be one of relieve, repair, got 'fast'"):
         plan_placement(loads, gpus=2, slots_per_gpu=2, current=np.zeros((1, 4), np.int64) +
                        np.arange(4) % 4, search="fast")
+
+
+def test_counting_gpus_over_the_level_saves_moves(monkeypatch):
+    """The potential's per-GPU count term (``_COUNT_WEIGHT``) buys fewer moves for the same
+    goal than the excess alone, on a drifted simulator workload."""
+    from benchmarks.planner_traces import workload_trace
+    from controlplane.balancing import repair
+
+    gpus, slots = 32, 5
+    trace = workload_trace(70, 8, 128, gpus=gpus, top_k=8, seed=1)
+    old, new = trace[:20].mean(axis=0), trace[50:70].mean(axis=0)
+    cur = eplb_greedy(old, gpus, slots)
+    goal = layer_balancedness(gpu_loads(new, eplb_greedy(new, gpus, slots), gpus)).mean() + 0.01
+
+    def plan():
+        return plan_placement(new, gpus=gpus, slots_per_gpu=slots, nodes=4, current=cur,
+                              search="repair")
+
+    counted = plan()
+    monkeypatch.setattr(repair, "_COUNT_WEIGHT", 0.0)
+    excess_only = plan()
+    assert counted.balancedness_after <= goal + 1e-12
+    assert excess_only.balancedness_after <= goal + 1e-12
+    assert counted.moves < excess_only.moves
+
+
+@SETTINGS
+@given(st.integers(0, 2**32 - 1))
+def test_a_layer_stops_once_its_rounds_no_longer_lower_its_excess(seed):
+    """Every round after a layer falls back to the excess alone lowers its excess, so no
+    layer runs to ``max_rounds`` re-doing the same steps."""
+    gpus, slots = 8, 5
+    old, new, cur = _drifted(layers=3, experts=gpus * slots - 8, gpus=gpus, slots=slots,
+                             seed=seed)
+    fresh = layer_balancedness(gpu_loads(new, eplb_greedy(new, gpus, slots), gpus))
+    traj = repair_search(new, cur, gpus, reference=cur, levels=fresh + 0.01,
+                         max_rounds=10_000)
+    steps_per_layer = np.bincount(traj.steps[:, 0].astype(np.int64), minlength=3)
+    assert steps_per_layer.max() < 8 * gpus * slots  # far fewer than the rounds allowed
