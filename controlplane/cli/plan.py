@@ -52,6 +52,10 @@ def _load_npy(path: str, what: str):
     import numpy as np
 
     try:
+        with open(path, "rb") as fh:
+            magic = fh.read(6)
+        if magic != b"\x93NUMPY":  # else numpy reports a text file as "pickled data"
+            raise _BadInput(f"{what}: {path} is not a .npy file (no .npy header)")
         arr = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise _BadInput(f"{what}: no such file: {path}") from None

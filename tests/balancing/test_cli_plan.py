@@ -84,7 +84,8 @@ def test_incremental_plan_with_each_search_reaches_the_tolerance(tmp_path, searc
     ("make", "args", "words"),
     [
         (None, ["--loads", "{tmp}/missing.npy"], "no such file"),
-        ("text", ["--loads", "{tmp}/bad.npy"], "cannot read"),
+        ("text", ["--loads", "{tmp}/bad.npy"], "is not a .npy file"),
+        ("truncated", ["--loads", "{tmp}/bad.npy"], "cannot read"),
         (None, ["--loads", "{loads}", "--gpus", "2"], "fewer than"),
         (None, ["--loads", "{loads}", "--nodes", "3"], "nodes"),
         ("cur_float", ["--loads", "{loads}", "--current", "{tmp}/cur.npy"], "int64"),
@@ -99,6 +100,9 @@ def test_bad_input_exits_2_with_one_line(tmp_path, loads_file, make, args, words
     path, _ = loads_file
     if make == "text":
         (tmp_path / "bad.npy").write_text("not numpy")
+    elif make == "truncated":
+        np.save(tmp_path / "full.npy", np.ones((4, 16)))
+        (tmp_path / "bad.npy").write_bytes((tmp_path / "full.npy").read_bytes()[:200])
     elif make == "cur_float":
         np.save(tmp_path / "cur.npy", np.zeros((4, 20)))
     elif make == "cur_shape":
