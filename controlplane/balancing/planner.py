@@ -123,7 +123,7 @@ def plan_placement(
     steps, ``"relieve"`` (``search.local_search``: the most loaded GPUs of each layer first;
     the faster) or ``"repair"`` (``repair.repair_search``: every GPU above EPLB's greedy +
     ``tolerance``, by the steps that remove the most excess per move; fewer moves for the
-    same balance, 1.5-2.5x the time). Pure and deterministic. Raises ValueError naming the
+    same balance, 1.4-2.6x the time). Pure and deterministic. Raises ValueError naming the
     argument on bad input.
     """
     w = check_loads(loads)

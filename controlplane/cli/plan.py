@@ -36,7 +36,7 @@ def register(subparsers) -> None:
     parser.add_argument("--max-moves", type=int, help="most expert copies to move (needs --current)")
     parser.add_argument("--search", choices=("relieve", "repair"), default="relieve",
                         help="incremental search without --max-moves: relieve (default, "
-                             "faster) or repair (fewer moves, 1.5-2.5x the time)")
+                             "faster) or repair (fewer moves, 1.4-2.6x the time)")
     parser.add_argument("--out", required=True, help="PLAN.npy to write, int64 [L, G*S]")
     parser.add_argument("--report", help="REPORT.json to write")
 
