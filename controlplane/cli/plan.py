@@ -51,19 +51,18 @@ def register(subparsers) -> None:
 def _load_npy(path: str, what: str):
     import numpy as np
 
+    prefix = np.lib.format.MAGIC_PREFIX
     try:
         with open(path, "rb") as fh:
-            magic = fh.read(6)
-        if magic != b"\x93NUMPY":  # else numpy reports a text file as "pickled data"
-            raise _BadInput(f"{what}: {path} is not a .npy file (no .npy header)")
-        arr = np.load(path, allow_pickle=False)
+            # checked first: numpy reports a file without it (text, .npz) as "pickled data"
+            if fh.read(len(prefix)) != prefix:
+                raise _BadInput(f"{what}: {path} is not a .npy file (no .npy header)")
+            fh.seek(0)
+            return np.load(fh, allow_pickle=False)
     except FileNotFoundError:
         raise _BadInput(f"{what}: no such file: {path}") from None
     except (OSError, ValueError, EOFError) as exc:
         raise _BadInput(f"{what}: cannot read {path} as .npy: {exc}") from None
-    if not isinstance(arr, np.ndarray):
-        raise _BadInput(f"{what}: {path} is not a single .npy array")
-    return arr
 
 
 def run(args: argparse.Namespace) -> int:

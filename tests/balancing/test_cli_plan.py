@@ -1,5 +1,6 @@
 """``moeplane plan`` run as the real console command."""
 
+import io
 import json
 import subprocess
 import sys
@@ -101,8 +102,9 @@ def test_bad_input_exits_2_with_one_line(tmp_path, loads_file, make, args, words
     if make == "text":
         (tmp_path / "bad.npy").write_text("not numpy")
     elif make == "truncated":
-        np.save(tmp_path / "full.npy", np.ones((4, 16)))
-        (tmp_path / "bad.npy").write_bytes((tmp_path / "full.npy").read_bytes()[:200])
+        whole = io.BytesIO()
+        np.save(whole, np.ones((4, 16)))
+        (tmp_path / "bad.npy").write_bytes(whole.getvalue()[:200])  # header, part of the data
     elif make == "cur_float":
         np.save(tmp_path / "cur.npy", np.zeros((4, 20)))
     elif make == "cur_shape":
