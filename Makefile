@@ -22,6 +22,8 @@ $(VENV)/.torch: $(STAMP)
 torch: $(VENV)/.torch
 
 demo: $(STAMP)
+	@# the planner's compiled kernel: about 8 s the first time on a machine, then cached
+	$(BIN)/python -c 'from controlplane.balancing.repair import warm_up; warm_up()'
 	$(BIN)/moeplane demo
 
 proto: $(STAMP)

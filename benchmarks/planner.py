@@ -16,7 +16,8 @@ Trace families (``planner_traces.py``), each run on every case:
 Measured side by side in one run, per case:
   fresh        plan_placement without current vs eplb_greedy (vectorized) and a loop EPLB;
   incremental  current = EPLB plan of steps [0, 20), loads = mean of steps [50, 70): ours
-               (default settings) vs a fresh EPLB plan and the swap-the-heaviest heuristic;
+               (default settings: the repair search) vs a fresh EPLB plan, the
+               swap-the-heaviest heuristic and our earlier default (``search="relieve"``);
   budgeted     max_moves = 3% and 6% of slots;
   replay       re-plan every 10 steps from the mean of the last 20 (ours, incremental) vs EPLB
                every 10 / every 50 steps vs an EPLB plan tuned once; time per step = expert
@@ -84,15 +85,15 @@ def static_cases(trace, layers, experts, gpus, spg, nodes):
     old = trace[0:20].mean(axis=0)
     new = trace[50:70].mean(axis=0)
     cur = eplb_greedy(old, gpus, spg)
-    (_, ep_new, fresh, inc, rep), ms, ratio = _timed_side_by_side([
+    (_, ep_new, fresh, inc, rel), ms, ratio = _timed_side_by_side([
         lambda: eplb_greedy_loop(new, gpus, spg),
         lambda: eplb_greedy(new, gpus, spg),
         lambda: plan_placement(new, gpus=gpus, slots_per_gpu=spg, nodes=nodes),
         lambda: plan_placement(new, gpus=gpus, slots_per_gpu=spg, nodes=nodes, current=cur),
         lambda: plan_placement(new, gpus=gpus, slots_per_gpu=spg, nodes=nodes, current=cur,
-                               search="repair"),
+                               search="relieve"),
     ])
-    t_loop, t_ep, t_fresh, t_inc, t_rep = ms
+    t_loop, t_ep, t_fresh, t_inc, t_rel = ms
     ep_layer = _bal(new, ep_new, gpus)
     sw = swap_heaviest(new, cur, gpus, ep_layer + 0.01)
     row = {
@@ -109,11 +110,11 @@ def static_cases(trace, layers, experts, gpus, spg, nodes):
         "t_inc": t_inc,
         "r_fresh": ratio[2],
         "r_inc": ratio[3],
-        "rep_bal": rep.balancedness_after,
-        "rep_moves": rep.moves / slots,
-        "rep_cross": rep.cross_node_moves,
-        "t_rep": t_rep,
-        "r_rep": ratio[4],
+        "rel_bal": rel.balancedness_after,
+        "rel_moves": rel.moves / slots,
+        "rel_cross": rel.cross_node_moves,
+        "t_rel": t_rel,
+        "r_rel": ratio[4],
         "swap_bal": _bal(new, sw, gpus).mean(),
         "swap_moves": count_moves(cur, sw, gpus, experts).sum() / slots,
     }
@@ -208,16 +209,15 @@ def _print_tables(static_rows, replay_rows):
               f"({r['eplb_moves']:.1%}) | {r['swap_bal']:.4f} ({r['swap_moves']:.1%}) | "
               f"{r['inc_bal']:.4f} ({r['inc_moves']:.1%}, {r['inc_cross']}) | "
               f"{r['inc_bal'] - r['eplb_bal']:+.4f} | {r['t_inc']:.1f} | {r['r_inc']:.2f} |")
-    print("\n### Incremental after drift, repair search (`search=\"repair\"`, same cases)\n")
-    print("| case | trace | ours bal (moves, cross-node) | repair bal (moves, cross-node) | "
-          "repair - fresh EPLB | repair moves / ours | repair ms | repair / loop EPLB | "
-          "repair / ours (time) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n### Incremental after drift, the relieve search (`search=\"relieve\"`, the earlier "
+          "default; same cases)\n")
+    print("| case | trace | relieve bal (moves, cross-node) | relieve - fresh EPLB | "
+          "ours moves / relieve | relieve ms | relieve / loop EPLB | ours / relieve (time) |")
+    print("|---|---|---|---|---|---|---|---|")
     for (name, fam), r in static_rows:
-        print(f"| {name} | {fam} | {r['inc_bal']:.4f} ({r['inc_moves']:.1%}, {r['inc_cross']}) | "
-              f"{r['rep_bal']:.4f} ({r['rep_moves']:.1%}, {r['rep_cross']}) | "
-              f"{r['rep_bal'] - r['eplb_bal']:+.4f} | {r['rep_moves'] / r['inc_moves']:.2f} | "
-              f"{r['t_rep']:.1f} | {r['r_rep']:.2f} | {r['r_rep'] / r['r_inc']:.2f} |")
+        print(f"| {name} | {fam} | {r['rel_bal']:.4f} ({r['rel_moves']:.1%}, {r['rel_cross']}) | "
+              f"{r['rel_bal'] - r['eplb_bal']:+.4f} | {r['inc_moves'] / r['rel_moves']:.2f} | "
+              f"{r['t_rel']:.1f} | {r['r_rel']:.2f} | {r['r_inc'] / r['r_rel']:.2f} |")
     print("\n### Budgeted (max_moves = share of slots)\n")
     print("| case | trace | stale bal | budget | moves | bal |")
     print("|---|---|---|---|---|---|")
@@ -248,12 +248,12 @@ def _print_tables(static_rows, replay_rows):
         print(f"| {name} | {fam} | {v['stall']:.3f} | {v['even_stall']:.3f} | "
               f"{even_total:.3f} | {best / even_total:.3f} | "
               f"{r['once']['total'] / even_total:.3f} |")
-    print("\n### Replay, extra rows: ours@10 with the repair search (`search=\"repair\"`)\n")
-    print("| case | trace | ours@10 | ours@10 repair | best EPLB / repair | once / repair | "
-          "copies moved (ours, repair) |")
+    print("\n### Replay, extra rows: ours@10 with the relieve search (`search=\"relieve\"`)\n")
+    print("| case | trace | ours@10 | ours@10 relieve | best EPLB / relieve | once / relieve | "
+          "copies moved (ours, relieve) |")
     print("|---|---|---|---|---|---|---|")
     for (name, fam), r in replay_rows:
-        v, base = r["ours@10 repair"], r["ours@10"]
+        v, base = r["ours@10 relieve"], r["ours@10"]
         print(f"| {name} | {fam} | {_split(base)} | {_split(v)} | "
               f"{_best_eplb(r) / v['total']:.3f} | {r['once']['total'] / v['total']:.3f} | "
               f"{base['moves']}, {v['moves']} |")

@@ -14,10 +14,10 @@ new loads, until no GPU is above the level. Candidates, every one evaluated exac
   a slot of b to one of the 24 lightest GPUs c, and a slot of c to a (three moves that can
   relieve two GPUs; a swap relieves one for two moves).
 
-This is what ``controlplane.balancing.repair`` (``search="repair"``) approximates with a
-few candidates per round and many layers at once. The 3-cycles are not in it: three
-vectorized versions bought at most 0.6 points of the 2 this study shows (see
-docs/bench-planner.md, fourth round).
+This is what ``controlplane.balancing.repair`` (``search="repair"``, the default) approximates
+with fewer candidates per evaluation (compiled, several disjoint steps per evaluation). The
+3-cycles are not in it: three vectorized versions bought at most 0.6 points of the 2 this
+study shows (see docs/bench-planner.md, fourth round).
 Python loops: about 1 s per layer without cycles, 3 s with them. Prints the moves as a
 share of the slots and the balancedness reached, beside the planner's plans.
 """

@@ -8,7 +8,7 @@ master and Adam moments - over 25 GB/s per rank).
 
 Policies (``k`` = re-plan period in steps; "mean of 20" = mean of the last 20 steps):
   ours@10        plan_placement(mean of 20, current=placement), default settings (headline);
-  ours@10 repair the same with ``search="repair"`` (extra row);
+  ours@10 relieve the same with ``search="relieve"``, the earlier default search (extra row);
   ours@10+fc     the same, fed the forecaster with the least one-step-ahead error on the last
                  ``FC_HISTORY`` steps among ``FORECASTERS`` (extra row, not the headline);
   eplb@10/@50    EPLB's greedy from the mean of 20, every 10 / 50 steps;
@@ -113,7 +113,7 @@ def replay(trace, experts, gpus, spg, nodes, warmup=20, window=20, budgets=()):
              for share in budgets}
     return extra | {
         "ours@10": run(10, ours, mean_of_window),
-        "ours@10 repair": run(10, incremental(search="repair"), mean_of_window),
+        "ours@10 relieve": run(10, incremental(search="relieve"), mean_of_window),
         "ours@10+fc": run(10, ours, forecast_input),
         "eplb@10": run(10, eplb, mean_of_window),
         "eplb@50": run(50, eplb, mean_of_window),

@@ -20,6 +20,16 @@ REDIS_URL = os.environ.get("MOEPLANE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _planner_kernel_compiled() -> None:
+    """Compile the planner's repair kernel into numba's on-disk cache before any test: a
+    server a test starts as a subprocess then loads it in 0.1 s instead of compiling it for
+    about 8 s inside the test's deadline."""
+    from controlplane.balancing.repair import warm_up
+
+    warm_up()
+
+
 def unavailable(what: str, why: object) -> None:
     """Fail under CI, skip elsewhere."""
     msg = f"{what} unreachable: {why}"

@@ -77,8 +77,9 @@ class DryRunRequest(BaseModel):
     steps: int = Field(default=20, ge=1, le=10_000, description="recent steps averaged when no loads given")
     max_moves: int | None = Field(default=None, ge=0)
     incremental: bool = True
-    search: Literal["relieve", "repair"] = Field(
-        default="relieve", description="incremental search: relieve (faster) or repair (fewer moves)")
+    search: Literal["repair", "relieve"] = Field(
+        default="repair",
+        description="incremental search: repair (default, fewer moves) or relieve (the earlier one)")
 
 
 class DryRunResult(BaseModel):

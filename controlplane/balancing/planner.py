@@ -3,19 +3,20 @@
 Fresh (no ``current``): EPLB's greedy (``eplb.py``) refined by local search (``search.py``),
 never less balanced than EPLB's greedy on the same loads.
 
-Incremental (with ``current``): local search from ``current`` that takes, per layer, the
-step with the most balance per move (each layer stops ``tolerance / 2`` above EPLB's greedy
-on the new loads, or, once the goal below is in reach, when its steps get flatter than the
-selection needs: ``local_search(goal=...)``). The visited states are then chosen across layers steepest balance-per-move
-first, until the mean balancedness is within ``tolerance`` of EPLB's greedy (``select_mean``)
-or, with ``max_moves``, until the budget is spent (``select_budget``). A layer that the
-selection leaves more than ``reshuffle_above`` above EPLB's greedy takes the most balanced
-state its search reached; if that too is above, EPLB's greedy with its GPUs renumbered to
-keep as many of the current (GPU, expert) pairs as possible (``match_gpus``).
+Incremental (with ``current``), by default (``search="repair"``): ``repair.repair_search``
+from ``current`` works on every GPU above EPLB's greedy + ``tolerance`` on the new loads,
+taking the steps that remove the most excess load per move. The visited states are then
+chosen across layers steepest balance-per-move first, until the mean balancedness is within
+``tolerance`` of EPLB's greedy (``select_mean``). A layer that the selection leaves more than
+``reshuffle_above`` above EPLB's greedy takes the most balanced state its search reached; if
+that too is above, EPLB's greedy with its GPUs renumbered to keep as many of the current
+(GPU, expert) pairs as possible (``match_gpus``).
 
-``search="repair"`` replaces the local search of an incremental plan without ``max_moves``
-by ``repair.repair_search``: every GPU above EPLB's greedy + ``tolerance`` is worked on at
-once, by the steps that remove the most excess load per move; the selection is the same.
+With ``max_moves``, or with ``search="relieve"``, the search is ``search.local_search``: per
+layer, the step with the most balance per move for its most loaded GPUs (each layer stops
+``tolerance / 2`` above EPLB's greedy, or, once the goal is in reach, when its steps get
+flatter than the selection needs). With ``max_moves`` the states are chosen to spend the
+budget where it buys the most balance (``select_budget``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import numpy as np
 
 from controlplane.balancing.eplb import eplb_greedy
 from controlplane.balancing.placement import (
-    count_moves,
     gpu_loads,
     identity_placement,
     layer_balancedness,
@@ -42,7 +42,7 @@ from controlplane.balancing.validate import check_count, check_loads, check_plac
 __all__ = ["SEARCHES", "Plan", "fresh_placement", "plan_placement"]
 
 _LAYER_STOP = 0.5  # a layer's search stops this share of the tolerance above its fresh plan
-SEARCHES = ("relieve", "repair")  # incremental searches, the default first
+SEARCHES = ("repair", "relieve")  # incremental searches, the default first
 _FRESH_ROUNDS = 4  # local-search rounds after EPLB greedy (each: one step per layer)
 
 
@@ -107,7 +107,7 @@ def plan_placement(
     tolerance: float = 0.01,
     reshuffle_above: float = 0.05,
     cross_node_weight: float = 0.5,
-    search: str = "relieve",
+    search: str = "repair",
 ) -> Plan:
     """Place ``loads [L, E]`` (tokens per logical expert; float or int, finite, >= 0) on
     ``gpus`` GPUs of ``slots_per_gpu`` slots each (G*S >= E), spread over ``nodes`` nodes
@@ -120,11 +120,11 @@ def plan_placement(
     best state, or if still above, EPLB's greedy with GPUs renumbered (only without
     ``max_moves``). ``cross_node_weight``: extra cost of a cross-node move when ranking
     steps (0: none). ``search``: how an incremental plan without ``max_moves`` finds its
-    steps, ``"relieve"`` (``search.local_search``: the most loaded GPUs of each layer first;
-    the faster) or ``"repair"`` (``repair.repair_search``: every GPU above EPLB's greedy +
-    ``tolerance``, by the steps that remove the most excess per move; fewer moves for the
-    same balance, 1.4-2.6x the time). Pure and deterministic. Raises ValueError naming the
-    argument on bad input.
+    steps, ``"repair"`` (``repair.repair_search``: every GPU above EPLB's greedy +
+    ``tolerance``, by the steps that remove the most excess per move; the default) or
+    ``"relieve"`` (``search.local_search``: the most loaded GPUs of each layer first; the
+    earlier default, more moves for the same balance). Pure and deterministic. Raises
+    ValueError naming the argument on bad input.
     """
     w = check_loads(loads)
     gpus = check_count("gpus", gpus)
@@ -170,8 +170,8 @@ def plan_placement(
     per_gpu = gpu_loads(w, new, gpus)
     before = layer_balancedness(gpu_loads(w, baseline, gpus))
     after = layer_balancedness(per_gpu)
-    moves = count_moves(baseline, new, gpus, num_experts)
     transfers, cross = plan_transfers(baseline, new, gpus, num_experts, nodes)
+    moves = np.bincount(transfers[:, 0], minlength=num_layers)  # one transfer per move
     return Plan(
         phy2log=_readonly(new),
         replica_counts=_readonly(replica_counts(new, num_experts)),

@@ -1,7 +1,7 @@
 """``moeplane plan``: plan expert placement from a load matrix (a stable contract).
 
     moeplane plan --loads LOADS.npy --gpus G --slots-per-gpu S [--nodes N]
-                  [--current CURRENT.npy] [--max-moves K] [--search relieve|repair]
+                  [--current CURRENT.npy] [--max-moves K] [--search repair|relieve]
                   --out PLAN.npy [--report REPORT.json]
 
 LOADS.npy: float or integer ``[L, E]``; CURRENT.npy and PLAN.npy: int64 ``[L, G*S]``.
@@ -34,9 +34,9 @@ def register(subparsers) -> None:
     parser.add_argument("--nodes", type=int, default=1, help="nodes the GPUs span (default 1)")
     parser.add_argument("--current", help="CURRENT.npy, int64 [L, G*S]: plan incrementally")
     parser.add_argument("--max-moves", type=int, help="most expert copies to move (needs --current)")
-    parser.add_argument("--search", choices=("relieve", "repair"), default="relieve",
-                        help="incremental search without --max-moves: relieve (default, "
-                             "faster) or repair (fewer moves, 1.4-2.6x the time)")
+    parser.add_argument("--search", choices=("repair", "relieve"), default="repair",
+                        help="incremental search without --max-moves: repair (default) or "
+                             "relieve (the earlier search: more moves for the same balance)")
     parser.add_argument("--out", required=True, help="PLAN.npy to write, int64 [L, G*S]")
     parser.add_argument("--report", help="REPORT.json to write")
 

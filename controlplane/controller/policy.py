@@ -30,8 +30,8 @@ class RebalancePolicy:
     intra_node_bytes_per_s, cross_node_bytes_per_s: link bandwidth per rank.
     moe_time_fraction: share of a step spent in expert compute (scales with max rank load).
     max_moves: most expert copies moved per plan (None: planner's choice).
-    search: the planner's incremental search, "relieve" (default) or "repair" (fewer moves
-        for the same balance, up to 1.5x the planning time; ``plan_placement``).
+    search: the planner's incremental search, "repair" (default) or "relieve" (the earlier
+        search: more moves for the same balance; ``plan_placement``).
     plan_timeout_s: a pushed plan not applied by then is marked failed.
     """
 
@@ -47,7 +47,7 @@ class RebalancePolicy:
     cross_node_bytes_per_s: float = 25e9
     moe_time_fraction: float = 0.5
     max_moves: int | None = None
-    search: str = "relieve"
+    search: str = "repair"
     plan_timeout_s: float = 120.0
 
     def __post_init__(self):
