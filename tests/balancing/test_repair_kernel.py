@@ -1,0 +1,38 @@
+"""Helpers of the compiled repair kernel against plain numpy: top-k selection and the
+holders of each expert. (The kernel as a whole is checked through ``repair_search`` in
+``test_repair.py``.)"""
+
+import numpy as np
+
+from controlplane.balancing.placement import gpu_expert_counts
+from controlplane.balancing.repair_kernel import _holders, _top
+
+
+def test_top_k_is_largest_first_ties_to_the_lower_index_and_skips_minus_inf():
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        n = int(rng.integers(0, 40))
+        k = int(rng.integers(0, 12))
+        vals = rng.integers(-3, 4, size=max(n, 1)).astype(np.float64)
+        vals[rng.random(vals.shape) < 0.2] = -np.inf
+        out = np.zeros(max(k, 1), dtype=np.int64)
+        got = _top(vals, n, k, out)
+        want = sorted((i for i in range(n) if vals[i] != -np.inf), key=lambda i: (-vals[i], i))
+        assert list(out[:got]) == want[:k]
+
+
+def test_holders_list_each_gpu_holding_an_expert_once_with_its_replicas():
+    rng = np.random.default_rng(1)
+    layers, gpus, spg, experts = 3, 6, 4, 10
+    phy = rng.integers(0, experts, size=(layers, gpus * spg)).astype(np.int64)
+    cnt = gpu_expert_counts(phy, gpus, experts).astype(np.int32)
+    h_start = np.zeros(experts + 1, dtype=np.int64)
+    h_g = np.zeros(gpus * spg, dtype=np.int64)
+    h_c = np.zeros(gpus * spg, dtype=np.int64)
+    for lay in range(layers):
+        _holders(phy, cnt, lay, gpus, spg, experts, h_start, h_g, h_c,
+                 np.zeros(experts, dtype=np.int64))
+        for e in range(experts):
+            gpus_e = h_g[h_start[e]:h_start[e + 1]]
+            np.testing.assert_array_equal(gpus_e, np.nonzero(cnt[lay, :, e])[0])
+            np.testing.assert_array_equal(h_c[h_start[e]:h_start[e + 1]], cnt[lay, gpus_e, e])
