@@ -47,7 +47,6 @@ from __future__ import annotations
 import numpy as np
 
 from controlplane.balancing.placement import gpu_expert_counts
-from controlplane.balancing.repair_kernel import repair_layers
 from controlplane.balancing.search import _RECEIVE_SMOOTH, Trajectory
 
 __all__ = ["repair_search"]
@@ -81,6 +80,10 @@ def repair_search(
     destination's node held in the reference costs ``1 + cross_weight``. Returns the visited
     states (``Trajectory``: steps and points as ``local_search`` records them).
     """
+    # imported here: numba (and LLVM) load only for a process that plans incrementally, not
+    # for every importer of ``controlplane.balancing`` (the training SDK, the simulator)
+    from controlplane.balancing.repair_kernel import repair_layers
+
     w = np.ascontiguousarray(loads, dtype=np.float64)
     num_layers, num_experts = w.shape
     spg = start.shape[1] // gpus

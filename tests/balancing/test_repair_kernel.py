@@ -36,3 +36,14 @@ def test_holders_list_each_gpu_holding_an_expert_once_with_its_replicas():
             gpus_e = h_g[h_start[e]:h_start[e + 1]]
             np.testing.assert_array_equal(gpus_e, np.nonzero(cnt[lay, :, e])[0])
             np.testing.assert_array_equal(h_c[h_start[e]:h_start[e + 1]], cnt[lay, gpus_e, e])
+
+
+def test_importing_the_planner_does_not_load_numba():
+    """The training SDK and the simulator import ``controlplane.balancing``; only a process
+    that runs the repair search pays for numba and LLVM."""
+    import subprocess
+    import sys
+
+    code = "import sys, controlplane.balancing; print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
