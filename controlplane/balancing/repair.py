@@ -47,7 +47,7 @@ from __future__ import annotations
 import numpy as np
 
 from controlplane.balancing.placement import gpu_expert_counts
-from controlplane.balancing.search import _RECEIVE_SMOOTH, Trajectory
+from controlplane.balancing.search import RECEIVE_SMOOTH, Trajectory
 
 __all__ = ["repair_search"]
 
@@ -100,7 +100,7 @@ def repair_search(
         float(cross_weight), np.ascontiguousarray(levels, dtype=np.float64), int(gpus),
         int(max_rounds), float(_COUNT_WEIGHT), _SOURCES, _Y_CHOICES,
         -(-_PARTNER_SLOTS // spg), max(1, min(_HEAVY, gpus // 8)), float(_MIN_COST),
-        float(_KEEP), _BUFFER, float(_RECEIVE_SMOOTH),
+        float(_KEEP), _BUFFER, float(RECEIVE_SMOOTH),
     )
     return Trajectory(start=np.array(start, dtype=np.int64), steps=steps, points=points)
 

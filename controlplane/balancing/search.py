@@ -22,11 +22,11 @@ from controlplane.balancing.placement import gpu_expert_counts, replica_counts, 
 from controlplane.balancing.selection import select_mean_slope
 from controlplane.balancing.steps import best_steps, extra_swaps
 
-__all__ = ["Trajectory", "local_search"]
+__all__ = ["RECEIVE_SMOOTH", "Trajectory", "local_search"]
 
 _PARTNER_SLOTS = 60  # slots on partner GPUs (the lightest) searched per round, about
 _FREE_PARTNER_SLOTS = 30  # the same for a fresh plan (free moves): fewer suffice
-_RECEIVE_SMOOTH = 2.0  # moves added to each GPU's count when weighing receipts
+RECEIVE_SMOOTH = 2.0  # moves added to each GPU's count when weighing receipts (both searches)
 _SLOPE_FACTOR = 1.5  # a layer stops once its last round gained < this x slope x moves;
 # the selection's slope only rises as the search goes on, so a margin above 1 stops
 # a layer a round earlier; 1.5 left the moves of all six benchmark plans unchanged
@@ -86,7 +86,7 @@ def receive_weight(received: np.ndarray) -> np.ndarray:
     receiving more than the mean costs more (a re-plan stalls for the rank that receives
     the most weights), one receiving less costs less; 1 when all receive alike."""
     # sum / count: np.mean's result, without its Python-level overhead
-    return (received + _RECEIVE_SMOOTH) / (received.sum() / len(received) + _RECEIVE_SMOOTH)
+    return (received + RECEIVE_SMOOTH) / (received.sum() / len(received) + RECEIVE_SMOOTH)
 
 
 def _heavy_count(gpus: int, costed: bool) -> int:
