@@ -44,6 +44,10 @@ Shapes: L layers, E experts, G GPUs, S slots per GPU, N = G*S slots.
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
+
 import numpy as np
 
 from controlplane.balancing.placement import gpu_expert_counts
@@ -80,10 +84,7 @@ def repair_search(
     destination's node held in the reference costs ``1 + cross_weight``. Returns the visited
     states (``Trajectory``: steps and points as ``local_search`` records them).
     """
-    # imported here: numba (and LLVM) load only for a process that plans incrementally, not
-    # for every importer of ``controlplane.balancing`` (the training SDK, the simulator)
-    from controlplane.balancing.repair_kernel import repair_layers
-
+    repair_layers = _kernel()
     w = np.ascontiguousarray(loads, dtype=np.float64)
     num_layers, num_experts = w.shape
     spg = start.shape[1] // gpus
@@ -103,6 +104,36 @@ def repair_search(
         float(_KEEP), _BUFFER, float(RECEIVE_SMOOTH),
     )
     return Trajectory(start=np.array(start, dtype=np.int64), steps=steps, points=points)
+
+
+def _kernel():
+    """``repair_kernel.repair_layers``, imported on first use: numba (and LLVM) load only in
+    a process that plans incrementally, not in every importer of ``controlplane.balancing``
+    (the training SDK, the simulator).
+
+    numba refuses to compile a cached function when it can write neither next to the source
+    (``__pycache__``) nor in the user's cache directory, as for a read-only install run by a
+    user without a home: numba's cache then goes to a temporary directory instead (an
+    explicit ``NUMBA_CACHE_DIR`` always wins)."""
+    if "numba" not in sys.modules and "NUMBA_CACHE_DIR" not in os.environ:
+        here = os.path.dirname(os.path.abspath(__file__))
+        if not (_writable(os.path.join(here, "__pycache__"))
+                or _writable(os.path.join(os.path.expanduser("~"), ".cache", "numba"))):
+            os.environ["NUMBA_CACHE_DIR"] = os.path.join(
+                tempfile.gettempdir(), f"moeplane-numba-{os.getuid()}")
+    from controlplane.balancing.repair_kernel import repair_layers
+
+    return repair_layers
+
+
+def _writable(path: str) -> bool:
+    """Whether ``path``, or the nearest of its parents that exists, is writable."""
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return False
+        path = parent
+    return os.access(path, os.W_OK)
 
 
 def warm_up() -> None:

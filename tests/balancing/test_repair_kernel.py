@@ -47,3 +47,34 @@ def test_importing_the_planner_does_not_load_numba():
     code = "import sys, controlplane.balancing; print('numba' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_numba_cache_goes_to_a_temporary_directory_when_nothing_else_is_writable():
+    """A read-only install run by a user without a home: numba would refuse to decorate the
+    kernel (no cache locator); the planner points its cache at a temporary directory."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os; os.access = lambda *a, **k: False\n"
+        "os.environ.pop('NUMBA_CACHE_DIR', None)\n"
+        "from controlplane.balancing.repair import _kernel\n"
+        "_kernel()\n"
+        "print(os.environ['NUMBA_CACHE_DIR'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "moeplane-numba-" in out.stdout
+
+
+def test_numba_cache_stays_beside_the_source_when_that_is_writable():
+    import subprocess
+    import sys
+
+    code = (
+        "import os; os.environ.pop('NUMBA_CACHE_DIR', None)\n"
+        "from controlplane.balancing.repair import _kernel\n"
+        "_kernel()\n"
+        "print(os.environ.get('NUMBA_CACHE_DIR', 'unset'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "unset"
