@@ -138,7 +138,8 @@ def _writable(path: str) -> bool:
 
 def warm_up() -> None:
     """Compile the repair kernel now, or load it from numba's on-disk cache (about 8 s the
-    first time on a machine, 0.1 s after): the first plan then runs at full speed."""
+    first time on a machine, about 0.3 s in a later process, numba's import included): the
+    first plan then runs at full speed."""
     gpus, spg, experts = 4, 3, 8
     loads = np.arange(1.0, 1.0 + 2 * experts).reshape(2, experts)
     start = np.tile(np.arange(gpus * spg) % experts, (2, 1)).astype(np.int64)
