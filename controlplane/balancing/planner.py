@@ -39,7 +39,7 @@ from controlplane.balancing.selection import select_budget, select_mean
 from controlplane.balancing.transfers import plan_transfers
 from controlplane.balancing.validate import check_count, check_loads, check_placement
 
-__all__ = ["SEARCHES", "Plan", "fresh_placement", "plan_placement"]
+__all__ = ["SEARCHES", "Plan", "fresh_placement", "plan_placement", "runs_repair"]
 
 _LAYER_STOP = 0.5  # a layer's search stops this share of the tolerance above its fresh plan
 SEARCHES = ("repair", "relieve")  # incremental searches, the default first
@@ -88,6 +88,12 @@ def fresh_placement(loads: np.ndarray, gpus: int, slots_per_gpu: int) -> np.ndar
     start = eplb_greedy(loads, gpus, slots_per_gpu)
     traj = local_search(loads, start, gpus, max_steps=_FRESH_ROUNDS)
     return traj.placement(np.full(loads.shape[0], np.iinfo(np.int64).max))
+
+
+def runs_repair(incremental: bool, max_moves: int | None, search: str) -> bool:
+    """Whether ``plan_placement`` with these arguments runs ``repair.repair_search`` (the
+    compiled search): incremental, no ``max_moves``, ``search="repair"``."""
+    return incremental and max_moves is None and search == "repair"
 
 
 def _readonly(arr: np.ndarray) -> np.ndarray:
@@ -208,7 +214,7 @@ def _incremental(
     num_slots = cur.shape[1]
     fresh_bal = layer_balancedness(gpu_loads(w, fresh, gpus))
     node_of_gpu = np.arange(gpus) // (gpus // nodes)
-    if max_moves is None and search == "repair":
+    if runs_repair(True, max_moves, search):
         traj = repair_search(
             w, cur, gpus, reference=cur, node_of_gpu=node_of_gpu,
             cross_weight=cross_node_weight if nodes > 1 else 0.0,

@@ -51,7 +51,7 @@ import tempfile
 import numpy as np
 
 from controlplane.balancing.placement import gpu_expert_counts
-from controlplane.balancing.search import RECEIVE_SMOOTH, Trajectory
+from controlplane.balancing.search import RECEIVE_SMOOTH, Trajectory, node_holdings
 
 __all__ = ["repair_search"]
 
@@ -80,22 +80,20 @@ def repair_search(
     (balancedness), counting moves against ``reference [L, G*S]``; at most ``max_rounds``
     evaluations per layer.
 
-    ``node_of_gpu [G]``: node of each GPU (None: one node); a move whose expert no GPU of the
+    ``node_of_gpu [G]``: node of each GPU, in blocks (GPU g on node g // (G / nodes); None:
+    one node); a move whose expert no GPU of the
     destination's node held in the reference costs ``1 + cross_weight``. Returns the visited
     states (``Trajectory``: steps and points as ``local_search`` records them).
     """
     repair_layers = _kernel()
     w = np.ascontiguousarray(loads, dtype=np.float64)
-    num_layers, num_experts = w.shape
+    num_experts = w.shape[1]
     spg = start.shape[1] // gpus
     ref_has = gpu_expert_counts(reference, gpus, num_experts) > 0  # [L, G, E]
     if node_of_gpu is None:
         node_of_gpu = np.zeros(gpus, dtype=np.int64)
     node_of_gpu = np.ascontiguousarray(node_of_gpu, dtype=np.int64)
-    nodes = int(node_of_gpu.max()) + 1
-    node_has = np.zeros((num_layers, nodes, num_experts), dtype=bool)
-    for node in range(nodes):
-        node_has[:, node] = ref_has[:, node_of_gpu == node].any(axis=1)
+    node_has = node_holdings(ref_has, node_of_gpu)  # [L, nodes, E]
     steps, points = repair_layers(
         w, np.array(start, dtype=np.int64), ref_has, node_has, node_of_gpu,
         float(cross_weight), np.ascontiguousarray(levels, dtype=np.float64), int(gpus),

@@ -268,11 +268,18 @@ def move_state(cnt, start, reference, node_of_gpu, cross_weight):
     received = new_pairs.sum(axis=(0, 2)).astype(np.float64)
     node_has = None
     if node_of_gpu is not None and int(node_of_gpu.max()) > 0:
-        nodes = int(node_of_gpu.max()) + 1
-        node_has = ref_has.reshape(num_layers, nodes, gpus // nodes, num_experts).any(2)
+        node_has = node_holdings(ref_has, node_of_gpu)
     code = cnt.astype(np.int16) * 2 + ref_has
     tables = CostTables(node_has, node_of_gpu, cross_weight) if use_tables(code) else None
     return ref_has, moves, received, node_has, code, tables
+
+
+def node_holdings(ref_has: np.ndarray, node_of_gpu: np.ndarray) -> np.ndarray:
+    """Whether some GPU of each node holds each expert: ``ref_has [L, G, E]`` bool,
+    ``node_of_gpu [G]`` (GPU g on node g // (G / nodes)) -> ``[L, nodes, E]`` bool."""
+    num_layers, gpus, num_experts = ref_has.shape
+    nodes = int(node_of_gpu.max()) + 1
+    return ref_has.reshape(num_layers, nodes, gpus // nodes, num_experts).any(2)
 
 
 def apply_steps(phy, cnt, code, rc, ref_has, layers, s1, e1, s2, e2, slot_gpu, gpus,

@@ -73,13 +73,14 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from controlplane.balancing import plan_placement
+    from controlplane.balancing.planner import runs_repair
 
     try:
         loads = _load_npy(args.loads, "--loads")
         current = _load_npy(args.current, "--current") if args.current else None
         if current is not None and current.dtype != np.int64:
             raise _BadInput(f"--current: expected int64, got {current.dtype}")
-        if current is not None and args.max_moves is None and args.search == "repair":
+        if runs_repair(current is not None, args.max_moves, args.search):
             # load the compiled kernel (numba's cache; compiled the first time on a machine)
             # before the clock starts: like an import, it is not part of planning
             from controlplane.balancing.repair import warm_up

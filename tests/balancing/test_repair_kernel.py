@@ -2,6 +2,9 @@
 holders of each expert. (The kernel as a whole is checked through ``repair_search`` in
 ``test_repair.py``.)"""
 
+import subprocess
+import sys
+
 import numpy as np
 
 from controlplane.balancing.placement import gpu_expert_counts
@@ -38,43 +41,32 @@ def test_holders_list_each_gpu_holding_an_expert_once_with_its_replicas():
             np.testing.assert_array_equal(h_c[h_start[e]:h_start[e + 1]], cnt[lay, gpus_e, e])
 
 
+def _python(code: str) -> str:
+    """Stdout of ``code`` run by a fresh interpreter (numba not yet imported)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
 def test_importing_the_planner_does_not_load_numba():
     """The training SDK and the simulator import ``controlplane.balancing``; only a process
     that runs the repair search pays for numba and LLVM."""
-    import subprocess
-    import sys
+    assert _python("import sys, controlplane.balancing; print('numba' in sys.modules)") == "False"
 
-    code = "import sys, controlplane.balancing; print('numba' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+
+_CACHE_DIR_AFTER_IMPORT = (
+    "os.environ.pop('NUMBA_CACHE_DIR', None)\n"
+    "from controlplane.balancing.repair import _kernel\n"
+    "_kernel()\n"
+    "print(os.environ.get('NUMBA_CACHE_DIR', 'unset'))\n"
+)
 
 
 def test_numba_cache_goes_to_a_temporary_directory_when_nothing_else_is_writable():
     """A read-only install run by a user without a home: numba would refuse to decorate the
     kernel (no cache locator); the planner points its cache at a temporary directory."""
-    import subprocess
-    import sys
-
-    code = (
-        "import os; os.access = lambda *a, **k: False\n"
-        "os.environ.pop('NUMBA_CACHE_DIR', None)\n"
-        "from controlplane.balancing.repair import _kernel\n"
-        "_kernel()\n"
-        "print(os.environ['NUMBA_CACHE_DIR'])\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "moeplane-numba-" in out.stdout
+    code = "import os; os.access = lambda *a, **k: False\n" + _CACHE_DIR_AFTER_IMPORT
+    assert "moeplane-numba-" in _python(code)
 
 
 def test_numba_cache_stays_beside_the_source_when_that_is_writable():
-    import subprocess
-    import sys
-
-    code = (
-        "import os; os.environ.pop('NUMBA_CACHE_DIR', None)\n"
-        "from controlplane.balancing.repair import _kernel\n"
-        "_kernel()\n"
-        "print(os.environ.get('NUMBA_CACHE_DIR', 'unset'))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "unset"
+    assert _python("import os\n" + _CACHE_DIR_AFTER_IMPORT) == "unset"
