@@ -175,7 +175,7 @@ def main(argv=None) -> int:
             static_rows.append((label, static_cases(trace, layers, experts, gpus, spg, nodes)))
             if not args.skip_replay:
                 replay_rows.append(
-                    (label, replay(trace, experts, gpus, spg, nodes, budgets=budgets)))
+                    (label, replay(trace, gpus, spg, nodes, budgets=budgets)))
             print(f"done {family} {name}", file=sys.stderr, flush=True)
     _print_tables(static_rows, replay_rows)
     return 0

@@ -57,31 +57,44 @@ def _forecast(history):
     return forecast(h, method=method, **params), method, params
 
 
-def replay(trace, experts, gpus, spg, nodes, warmup=20, window=20, budgets=()):
+def run_schedule(trace, start, gpus, period, plan, inputs, *, warmup=20, charge=True,
+                 on_replan=None):
+    """One policy on ``trace [T, L, E]`` from placement ``start [L, G*S]``: steps ``warmup``
+    .. T-1, re-planning every ``period`` steps with ``plan(inputs(t, picked), placement)``
+    (``plan`` None: keep ``start``); moves cost stall only when ``charge``. ``on_replan(t,
+    w, new)`` sees each re-plan's input and placement. Returns {compute, stall, even_stall,
+    total (s per step), moves, picked (what ``inputs`` recorded)}."""
+    experts = trace.shape[2]
+    phy = start
+    compute = stall = even = 0.0
+    total_moves = 0
+    picked: dict[str, int] = {}
+    for t in range(warmup, trace.shape[0]):
+        if plan is not None and t > warmup and (t - warmup) % period == 0:
+            w = inputs(t, picked)
+            new = plan(w, phy)
+            received = received_per_gpu(phy, new, gpus, experts)
+            stall += received.max() * SECONDS_PER_MOVE * charge
+            even += -(-int(received.sum()) // gpus) * SECONDS_PER_MOVE * charge
+            total_moves += int(received.sum())
+            phy = new
+            if on_replan is not None:
+                on_replan(t, w, new)
+        compute += gpu_loads(trace[t], phy, gpus).max(axis=1).sum() * SECONDS_PER_TOKEN
+    n = trace.shape[0] - warmup
+    return {"compute": compute / n, "stall": stall / n, "total": (compute + stall) / n,
+            "even_stall": even / n, "moves": total_moves, "picked": picked}
+
+
+def replay(trace, gpus, spg, nodes, warmup=20, window=20, budgets=()):
     """Every policy on ``trace [T, L, E]``: {name: {compute, stall, even_stall, total (s per
     step), moves, picked (forecasters chosen, for the +fc rows)}}. ``budgets``: shares of the
     slots for the extra ``ours@10 b=X%`` rows."""
-    steps = trace.shape[0]
     start = eplb_greedy(trace[:warmup].mean(axis=0), gpus, spg)
 
     def run(period, plan, inputs, charge=True):
-        phy = start
-        compute = stall = even = 0.0
-        total_moves = 0
-        picked: dict[str, int] = {}
-        for t in range(warmup, steps):
-            if plan is not None and t > warmup and (t - warmup) % period == 0:
-                w = inputs(t, picked)
-                new = plan(w, phy)
-                received = received_per_gpu(phy, new, gpus, experts)
-                stall += received.max() * SECONDS_PER_MOVE * charge
-                even += -(-int(received.sum()) // gpus) * SECONDS_PER_MOVE * charge
-                total_moves += int(received.sum())
-                phy = new
-            compute += gpu_loads(trace[t], phy, gpus).max(axis=1).sum() * SECONDS_PER_TOKEN
-        n = steps - warmup
-        return {"compute": compute / n, "stall": stall / n, "total": (compute + stall) / n,
-                "even_stall": even / n, "moves": total_moves, "picked": picked}
+        return run_schedule(trace, start, gpus, period, plan, inputs, warmup=warmup,
+                            charge=charge)
 
     def mean_of_window(t, picked):
         return trace[t - window : t].mean(axis=0)

@@ -32,18 +32,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.planner_replay import (  # noqa: E402
-    SECONDS_PER_MOVE,
-    SECONDS_PER_TOKEN,
-    received_per_gpu,
-)
+from benchmarks.planner_replay import run_schedule  # noqa: E402
 from benchmarks.planner_traces import workload_trace  # noqa: E402
 from controlplane.balancing import (  # noqa: E402
     eplb_greedy,
     fresh_placement,
-    gpu_expert_counts,
     gpu_loads,
+    layer_balancedness,
     plan_placement,
+    replica_counts,
 )
 
 CASES = {"64x5": (64, 5, 8), "32x9": (32, 9, 4)}  # 58x256 on gpus x slots, nodes
@@ -51,26 +48,23 @@ LAYERS, EXPERTS, TOP_K, STEPS, WARMUP, WINDOW, PERIOD = 58, 256, 8, 300, 20, 20,
 
 
 def run(trace, gpus, spg, plan, period=PERIOD, charge=True, served=None):
-    """Seconds per step of a policy on ``trace [T, L, E]``: {compute, stall, even, total}.
-    ``plan(w, phy) -> phy`` re-plans every ``period`` steps from the mean of the last
-    ``WINDOW`` (None: keep the warm-up plan). ``served``: a list that receives, per re-plan,
-    (input w [L, E], placement [L, N], realized loads of the served steps [k, L, E])."""
-    phy = eplb_greedy(trace[:WARMUP].mean(axis=0), gpus, spg)
-    compute = stall = even = 0.0
-    for t in range(WARMUP, trace.shape[0]):
-        if plan is not None and t > WARMUP and (t - WARMUP) % period == 0:
-            w = trace[t - WINDOW : t].mean(axis=0)
-            new = plan(w, phy)
-            got = received_per_gpu(phy, new, gpus, trace.shape[2])
-            stall += got.max() * SECONDS_PER_MOVE * charge
-            even += -(-int(got.sum()) // gpus) * SECONDS_PER_MOVE * charge
-            phy = new
-            if served is not None:
-                served.append((w, phy, trace[t : t + period]))
-        compute += gpu_loads(trace[t], phy, gpus).max(axis=1).sum() * SECONDS_PER_TOKEN
-    n = trace.shape[0] - WARMUP
-    return {"compute": compute / n, "stall": stall / n, "even": (compute + even) / n,
-            "total": (compute + stall) / n}
+    """Seconds per step of a policy on ``trace [T, L, E]`` (``run_schedule`` from EPLB's plan
+    of the warm-up steps): {compute, stall, even, total}, ``even`` the total had each
+    re-plan's copies been spread evenly. ``plan(w, phy) -> phy`` re-plans every ``period``
+    steps from the mean of the last ``WINDOW`` (None: keep the warm-up plan). ``served``: a
+    list that receives, per re-plan, (input w [L, E], placement [L, N], loads of the served
+    steps [k, L, E])."""
+    def mean_of_window(t, picked):
+        return trace[t - WINDOW : t].mean(axis=0)
+
+    def record(t, w, new):
+        served.append((w, new, trace[t : t + period]))
+
+    start = eplb_greedy(trace[:WARMUP].mean(axis=0), gpus, spg)
+    r = run_schedule(trace, start, gpus, period, plan, mean_of_window, warmup=WARMUP,
+                     charge=charge, on_replan=None if served is None else record)
+    return {"compute": r["compute"], "stall": r["stall"],
+            "even": r["compute"] + r["even_stall"], "total": r["total"]}
 
 
 def served_stats(served, gpus):
@@ -78,20 +72,19 @@ def served_stats(served, gpus):
     over the re-plans of one policy."""
     pred, real, growth, err, q2 = [], [], [], [], []
     for w, phy, future in served:
-        cnt = gpu_expert_counts(phy, gpus, w.shape[1])  # [L, G, E]
-        share = w / np.maximum(cnt.sum(axis=1), 1)  # tokens per replica [L, E]
-        mu = np.einsum("lge,le->lg", cnt, share)
+        mu = gpu_loads(w, phy, gpus)  # [L, G]
         m = mu.mean(axis=1, keepdims=True)
-        pred.append((mu.max(axis=1) / m[:, 0]).mean())
-        q2.append((np.einsum("lge,le->lg", cnt, share**2) / m**2).mean())
+        pred.append(layer_balancedness(mu).mean())
+        # sum over a GPU's slots of (tokens per replica)^2: w^2 / replicas, split the same way
+        rc = np.maximum(replica_counts(phy, w.shape[1]), 1)
+        q2.append((gpu_loads(w * w / rc, phy, gpus) / m**2).mean())
         nxt = future.mean(axis=0)
         ratio = (nxt / nxt.sum(axis=1, keepdims=True)) / (w / w.sum(axis=1, keepdims=True))
         growth.append(ratio[w > 0].std())
         for loads in future:
             r = gpu_loads(loads, phy, gpus)
-            rm = r.mean(axis=1, keepdims=True)
-            real.append((r.max(axis=1) / rm[:, 0]).mean())
-            err.append((r / rm - mu / m).std())
+            real.append(layer_balancedness(r).mean())
+            err.append((r / r.mean(axis=1, keepdims=True) - mu / m).std())
     return {k: float(np.mean(v)) for k, v in
             (("pred", pred), ("real", real), ("growth", growth), ("err", err), ("q2", q2))}
 

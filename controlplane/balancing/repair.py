@@ -81,8 +81,8 @@ def repair_search(
     evaluations per layer.
 
     ``node_of_gpu [G]``: node of each GPU, in blocks (GPU g on node g // (G / nodes); None:
-    one node); a move whose expert no GPU of the
-    destination's node held in the reference costs ``1 + cross_weight``. Returns the visited
+    one node); a move whose expert no GPU of the destination's node held in the reference
+    costs ``1 + cross_weight``. Returns the visited
     states (``Trajectory``: steps and points as ``local_search`` records them).
     """
     repair_layers = _kernel()
