@@ -16,10 +16,14 @@ every 10 steps from the mean of the last 20), for each case:
    input (``growth sd``: sd of next-10-step share / input share), the spread of each GPU's
    realized load against its predicted load (``GPU err sd``, in units of the mean GPU load)
    and ``q2``, the mean over GPUs of sum over its slots of (tokens per replica)^2 / (mean GPU
-   load)^2. If experts drift independently, ``GPU err sd`` = growth sd x sqrt(q2); q2 depends
-   on replica counts and packing only.
+   load)^2, ``q2 same-GPU``, the same with the replicas of an expert on one GPU summed first
+   ((replicas on the GPU x tokens per replica)^2: what a GPU's spread follows when it holds
+   several replicas of one expert, which drift together), and ``dup``, the (layer, GPU,
+   expert) triples per plan where a GPU holds two or more replicas of one expert. If experts
+   drift independently, ``GPU err sd`` = growth sd x sqrt(q2 same-GPU); q2 depends on the
+   replica counts only.
 
-Prints markdown tables (docs/bench-planner.md, eighth round). About 2 minutes per case.
+Prints markdown tables (docs/bench-planner.md, eighth and ninth rounds). About 2 minutes per case.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from benchmarks.planner_traces import workload_trace  # noqa: E402
 from controlplane.balancing import (  # noqa: E402
     eplb_greedy,
     fresh_placement,
+    gpu_expert_counts,
     gpu_loads,
     layer_balancedness,
     plan_placement,
@@ -68,9 +73,9 @@ def run(trace, gpus, spg, plan, period=PERIOD, charge=True, served=None):
 
 
 def served_stats(served, gpus):
-    """Predicted and realized balancedness, growth sd, GPU err sd and q2 (module docstring)
-    over the re-plans of one policy."""
-    pred, real, growth, err, q2 = [], [], [], [], []
+    """Predicted and realized balancedness, growth sd, GPU err sd, q2, q2 same-GPU and dup
+    (module docstring) over the re-plans of one policy."""
+    pred, real, growth, err, q2, q2g, dup = [], [], [], [], [], [], []
     for w, phy, future in served:
         mu = gpu_loads(w, phy, gpus)  # [L, G]
         m = mu.mean(axis=1, keepdims=True)
@@ -78,6 +83,9 @@ def served_stats(served, gpus):
         # sum over a GPU's slots of (tokens per replica)^2: w^2 / replicas, split the same way
         rc = np.maximum(replica_counts(phy, w.shape[1]), 1)
         q2.append((gpu_loads(w * w / rc, phy, gpus) / m**2).mean())
+        cnt = gpu_expert_counts(phy, gpus, w.shape[1])  # [L, G, E]
+        q2g.append((((cnt * (w / rc)[:, None, :]) ** 2).sum(axis=2) / m**2).mean())
+        dup.append(int((cnt >= 2).sum()))
         nxt = future.mean(axis=0)
         ratio = (nxt / nxt.sum(axis=1, keepdims=True)) / (w / w.sum(axis=1, keepdims=True))
         growth.append(ratio[w > 0].std())
@@ -86,7 +94,8 @@ def served_stats(served, gpus):
             real.append(layer_balancedness(r).mean())
             err.append((r / r.mean(axis=1, keepdims=True) - mu / m).std())
     return {k: float(np.mean(v)) for k, v in
-            (("pred", pred), ("real", real), ("growth", growth), ("err", err), ("q2", q2))}
+            (("pred", pred), ("real", real), ("growth", growth), ("err", err), ("q2", q2),
+             ("q2g", q2g), ("dup", dup))}
 
 
 def study_case(case, tolerances):
@@ -145,11 +154,12 @@ def main(argv=None) -> int:
               f"{r['total']:.3f} | {r['even']:.3f} | {best / 1.12:.3f} | {once / 1.2:.3f} | "
               f"{best / r['even']:.3f} | {once / r['even']:.3f} |")
     print("\n| case | policy | predicted bal | realized bal | growth sd | GPU err sd | q2 | "
-          "growth sd x sqrt(q2) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "q2 same-GPU | growth sd x sqrt(q2 same-GPU) | dup |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for case, name, s in stats:
         print(f"| sim {case} | {name} | {s['pred']:.4f} | {s['real']:.4f} | {s['growth']:.3f} | "
-              f"{s['err']:.4f} | {s['q2']:.3f} | {s['growth'] * np.sqrt(s['q2']):.4f} |")
+              f"{s['err']:.4f} | {s['q2']:.3f} | {s['q2g']:.3f} | "
+              f"{s['growth'] * np.sqrt(s['q2g']):.4f} | {s['dup']:.0f} |")
     return 0
 
 
