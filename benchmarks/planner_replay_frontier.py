@@ -23,7 +23,8 @@ every 10 steps from the mean of the last 20), for each case:
    drift independently, ``GPU err sd`` = growth sd x sqrt(q2 same-GPU); q2 depends on the
    replica counts only.
 
-Prints markdown tables (docs/bench-planner.md, eighth and ninth rounds). About 1 minute for both cases.
+Prints markdown tables (docs/bench-planner.md, eighth and ninth rounds). About 1 minute for
+both cases.
 """
 
 from __future__ import annotations
