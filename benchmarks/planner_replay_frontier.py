@@ -78,14 +78,14 @@ def served_stats(served, gpus):
     (module docstring) over the re-plans of one policy."""
     pred, real, growth, err, q2, q2g, dup = [], [], [], [], [], [], []
     for w, phy, future in served:
-        mu = gpu_loads(w, phy, gpus)  # [L, G]
+        # what each GPU holds of each expert: replicas on it x tokens per replica [L, G, E]
+        cnt = gpu_expert_counts(phy, gpus, w.shape[1])
+        share = (w / replica_counts(phy, w.shape[1]))[:, None, :]
+        mu = (cnt * share).sum(axis=2)  # predicted tokens per GPU [L, G]
         m = mu.mean(axis=1, keepdims=True)
         pred.append(layer_balancedness(mu).mean())
-        # sum over a GPU's slots of (tokens per replica)^2: w^2 / replicas, split the same way
-        rc = np.maximum(replica_counts(phy, w.shape[1]), 1)
-        q2.append((gpu_loads(w * w / rc, phy, gpus) / m**2).mean())
-        cnt = gpu_expert_counts(phy, gpus, w.shape[1])  # [L, G, E]
-        q2g.append((((cnt * (w / rc)[:, None, :]) ** 2).sum(axis=2) / m**2).mean())
+        q2.append(((cnt * share**2).sum(axis=2) / m**2).mean())
+        q2g.append((((cnt * share) ** 2).sum(axis=2) / m**2).mean())
         dup.append(int((cnt >= 2).sum()))
         nxt = future.mean(axis=0)
         ratio = (nxt / nxt.sum(axis=1, keepdims=True)) / (w / w.sum(axis=1, keepdims=True))
