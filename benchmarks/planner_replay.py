@@ -86,6 +86,33 @@ def run_schedule(trace, start, gpus, period, plan, inputs, *, warmup=20, charge=
             "even_stall": even / n, "moves": total_moves, "picked": picked}
 
 
+def window_mean(trace, window):
+    """``inputs`` for ``run_schedule``: at step t, the mean of steps t-``window`` .. t-1 of
+    ``trace [T, L, E]`` (tokens per expert, ``[L, E]``)."""
+    def inputs(t, picked):
+        return trace[t - window : t].mean(axis=0)
+    return inputs
+
+
+def incremental_policy(gpus, spg, nodes, **settings):
+    """``plan`` for ``run_schedule``: our planner from the placement in force, with
+    ``settings`` beyond the defaults."""
+    def plan(w, phy):
+        return np.asarray(plan_placement(w, gpus=gpus, slots_per_gpu=spg, nodes=nodes,
+                                         current=phy, **settings).phy2log)
+    return plan
+
+
+def eplb_policy(gpus, spg):
+    """``plan`` for ``run_schedule``: EPLB's greedy from scratch."""
+    return lambda w, phy: eplb_greedy(w, gpus, spg)
+
+
+def fresh_policy(gpus, spg):
+    """``plan`` for ``run_schedule``: our fresh placement, ignoring the one in force."""
+    return lambda w, phy: fresh_placement(w, gpus, spg)
+
+
 def replay(trace, gpus, spg, nodes, warmup=20, window=20, budgets=()):
     """Every policy on ``trace [T, L, E]``: {name: {compute, stall, even_stall, total (s per
     step), moves, picked (forecasters chosen, for the +fc rows)}}. ``budgets``: shares of the
@@ -96,8 +123,7 @@ def replay(trace, gpus, spg, nodes, warmup=20, window=20, budgets=()):
         return run_schedule(trace, start, gpus, period, plan, inputs, warmup=warmup,
                             charge=charge)
 
-    def mean_of_window(t, picked):
-        return trace[t - window : t].mean(axis=0)
+    mean_of_window = window_mean(trace, window)
 
     def forecast_input(t, picked):
         f, method, params = _forecast(trace[:t])
@@ -105,28 +131,19 @@ def replay(trace, gpus, spg, nodes, warmup=20, window=20, budgets=()):
         picked[key] = picked.get(key, 0) + 1
         return f
 
-    def incremental(**settings):
-        """Our planner from the placement in force, with ``settings`` beyond the defaults."""
-        def plan(w, phy):
-            return np.asarray(plan_placement(w, gpus=gpus, slots_per_gpu=spg, nodes=nodes,
-                                             current=phy, **settings).phy2log)
-        return plan
+    ours = incremental_policy(gpus, spg, nodes)
+    eplb = eplb_policy(gpus, spg)
+    fresh = fresh_policy(gpus, spg)
 
-    ours = incremental()
-
-    def eplb(w, phy):
-        return eplb_greedy(w, gpus, spg)
-
-    def fresh(w, phy):
-        return fresh_placement(w, gpus, spg)
-
+    slots = trace.shape[1] * gpus * spg
     extra = {f"ours@10 b={share:.0%}": run(
-                 10, incremental(max_moves=int(share * trace.shape[1] * gpus * spg)),
+                 10, incremental_policy(gpus, spg, nodes, max_moves=int(share * slots)),
                  mean_of_window)
              for share in budgets}
     return extra | {
         "ours@10": run(10, ours, mean_of_window),
-        "ours@10 relieve": run(10, incremental(search="relieve"), mean_of_window),
+        "ours@10 relieve": run(10, incremental_policy(gpus, spg, nodes, search="relieve"),
+                               mean_of_window),
         "ours@10+fc": run(10, ours, forecast_input),
         "eplb@10": run(10, eplb, mean_of_window),
         "eplb@50": run(50, eplb, mean_of_window),

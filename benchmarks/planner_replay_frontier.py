@@ -37,15 +37,19 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.planner_replay import run_schedule  # noqa: E402
+from benchmarks.planner_replay import (  # noqa: E402
+    eplb_policy,
+    fresh_policy,
+    incremental_policy,
+    run_schedule,
+    window_mean,
+)
 from benchmarks.planner_traces import workload_trace  # noqa: E402
 from controlplane.balancing import (  # noqa: E402
     eplb_greedy,
-    fresh_placement,
     gpu_expert_counts,
     gpu_loads,
     layer_balancedness,
-    plan_placement,
     replica_counts,
 )
 
@@ -53,22 +57,19 @@ CASES = {"64x5": (64, 5, 8), "32x9": (32, 9, 4)}  # 58x256 on gpus x slots, node
 LAYERS, EXPERTS, TOP_K, STEPS, WARMUP, WINDOW, PERIOD = 58, 256, 8, 300, 20, 20, 10
 
 
-def run(trace, gpus, spg, plan, period=PERIOD, charge=True, served=None):
-    """Seconds per step of a policy on ``trace [T, L, E]`` (``run_schedule`` from EPLB's plan
-    of the warm-up steps): {compute, stall, even, total}, ``even`` the total had each
-    re-plan's copies been spread evenly. ``plan(w, phy) -> phy`` re-plans every ``period``
-    steps from the mean of the last ``WINDOW`` (None: keep the warm-up plan). ``served``: a
-    list that receives, per re-plan, (input w [L, E], placement [L, N], loads of the served
+def run(trace, start, gpus, plan, period=PERIOD, charge=True, served=None):
+    """Seconds per step of a policy on ``trace [T, L, E]`` (``run_schedule`` from ``start``,
+    EPLB's plan of the warm-up steps): {compute, stall, even, total}, ``even`` the total had
+    each re-plan's copies been spread evenly. ``plan(w, phy) -> phy`` re-plans every
+    ``period`` steps from the mean of the last ``WINDOW`` (None: keep ``start``). ``served``:
+    a list that receives, per re-plan, (input w [L, E], placement [L, N], loads of the served
     steps [k, L, E])."""
-    def mean_of_window(t, picked):
-        return trace[t - WINDOW : t].mean(axis=0)
-
     def record(t, w, new):
         served.append((w, new, trace[t : t + period]))
 
-    start = eplb_greedy(trace[:WARMUP].mean(axis=0), gpus, spg)
-    r = run_schedule(trace, start, gpus, period, plan, mean_of_window, warmup=WARMUP,
-                     charge=charge, on_replan=None if served is None else record)
+    r = run_schedule(trace, start, gpus, period, plan, window_mean(trace, WINDOW),
+                     warmup=WARMUP, charge=charge,
+                     on_replan=None if served is None else record)
     return {"compute": r["compute"], "stall": r["stall"],
             "even": r["compute"] + r["even_stall"], "total": r["total"]}
 
@@ -105,25 +106,18 @@ def study_case(case, tolerances):
     gpus, spg, nodes = CASES[case]
     trace = workload_trace(STEPS, LAYERS, EXPERTS, gpus=gpus, top_k=TOP_K)
 
-    def ours(tol):
-        def plan(w, phy):
-            return np.asarray(plan_placement(w, gpus=gpus, slots_per_gpu=spg, nodes=nodes,
-                                             current=phy, tolerance=tol).phy2log)
-        return plan
-
-    def eplb(w, phy):
-        return eplb_greedy(w, gpus, spg)
-
-    def fresh(w, phy):
-        return fresh_placement(w, gpus, spg)
-
-    best = min(run(trace, gpus, spg, eplb, p)["total"] for p in (10, 50))
-    once = run(trace, gpus, spg, None)["total"]
-    frontier = [(case, tol, run(trace, gpus, spg, ours(tol)), best, once) for tol in tolerances]
+    start = eplb_greedy(trace[:WARMUP].mean(axis=0), gpus, spg)
+    eplb = eplb_policy(gpus, spg)
+    best = min(run(trace, start, gpus, eplb, p)["total"] for p in (10, 50))
+    once = run(trace, start, gpus, None)["total"]
+    frontier = [(case, tol, run(trace, start, gpus,
+                                incremental_policy(gpus, spg, nodes, tolerance=tol)), best, once)
+                for tol in tolerances]
     stats = []
-    for name, plan, charge in (("ours@10", ours(0.01), True), ("free@10", fresh, False)):
+    for name, plan, charge in (("ours@10", incremental_policy(gpus, spg, nodes, tolerance=0.01),
+                                True), ("free@10", fresh_policy(gpus, spg), False)):
         served = []
-        run(trace, gpus, spg, plan, charge=charge, served=served)
+        run(trace, start, gpus, plan, charge=charge, served=served)
         stats.append((case, name, served_stats(served, gpus)))
     return frontier, stats
 

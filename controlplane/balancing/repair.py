@@ -82,8 +82,8 @@ def repair_search(
 
     ``node_of_gpu [G]``: node of each GPU, in blocks (GPU g on node g // (G / nodes); None:
     one node); a move whose expert no GPU of the destination's node held in the reference
-    costs ``1 + cross_weight``. Returns the visited
-    states (``Trajectory``: steps and points as ``local_search`` records them).
+    costs ``1 + cross_weight``. Returns the visited states (``Trajectory``: steps and points
+    as ``local_search`` records them).
     """
     repair_layers = _kernel()
     w = np.ascontiguousarray(loads, dtype=np.float64)
