@@ -23,11 +23,11 @@ torch: $(VENV)/.torch
 
 demo: $(STAMP)
 	@# the planner's compiled kernel: about 8 s the first time on a machine, then cached
-	$(BIN)/python -c 'from controlplane.balancing.repair import warm_up; warm_up()'
+	$(BIN)/python -c 'from moeplane.controlplane.balancing.repair import warm_up; warm_up()'
 	$(BIN)/moeplane demo
 
 proto: $(STAMP)
-	$(BIN)/python -m controlplane.wire.generate
+	$(BIN)/python -m moeplane.controlplane.wire.generate
 
 services:
 	@scripts/start-services.sh

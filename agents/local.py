@@ -18,9 +18,9 @@ from pathlib import Path
 
 import grpc
 
-from agents.node import NodeState
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire import moeplane_pb2_grpc as pb_grpc
+from moeplane.agents.node import NodeState
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

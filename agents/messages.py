@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.aggregation import NodeStep
-from agents.collectors.base import Device
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import encode_array
+from moeplane.agents.aggregation import NodeStep
+from moeplane.agents.collectors.base import Device
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import encode_array
 
 
 def device_info(device: Device, rank: int = -1) -> pb.DeviceInfo:

@@ -1,5 +1,5 @@
 """What the agent knows about its node: attached ranks, the job, step aggregation, plans and
-memory offload (:mod:`agents.offload`).
+memory offload (:mod:`moeplane.agents.offload`).
 
 Driven by the local endpoint (ranks) and the uplink (plans, offload decisions, config);
 everything it wants to send upward goes through ``emit`` (the spool). Time comes in through
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agents import messages
-from agents.aggregation import NodeStep, RankReport, StepAggregator
-from agents.offload import OffloadRelay
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import WireError, decode_array
+from moeplane.agents import messages
+from moeplane.agents.aggregation import NodeStep, RankReport, StepAggregator
+from moeplane.agents.offload import OffloadRelay
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import WireError, decode_array
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable
 
-from controlplane.ingest.memory import profile_record
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.ingest.memory import profile_record
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 
 
 def check_profile(profile: pb.MemoryProfile) -> None:

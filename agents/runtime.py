@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agents import messages
-from agents import metrics as m
-from agents.collectors.base import Collector
-from agents.local import default_socket_path, start_local_server
-from agents.node import NodeState
-from agents.spool import Spool
-from agents.uplink import Uplink, UplinkOptions
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.agents import messages
+from moeplane.agents import metrics as m
+from moeplane.agents.collectors.base import Collector
+from moeplane.agents.local import default_socket_path, start_local_server
+from moeplane.agents.node import NodeState
+from moeplane.agents.spool import Spool
+from moeplane.agents.uplink import Uplink, UplinkOptions
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import logging
 import sqlite3
 from pathlib import Path
 
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 
 log = logging.getLogger(__name__)
 

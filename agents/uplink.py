@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import grpc
 
-from agents.backoff import Backoff
-from agents.spool import Spool
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import WireError
-from controlplane.wire.plan_codec import PlanReceiver, full_plan
+from moeplane.agents.backoff import Backoff
+from moeplane.agents.spool import Spool
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import WireError
+from moeplane.controlplane.wire.plan_codec import PlanReceiver, full_plan
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from tests.agents.fake_ingest import FakeIngest
 from tests.conftest import free_port
 
 BASELINE = ("import grpc, numpy, psutil, sqlite3, time; "
-            "from controlplane.wire import moeplane_pb2, moeplane_pb2_grpc; time.sleep(1e6)")
+            "from moeplane.controlplane.wire import moeplane_pb2, moeplane_pb2_grpc; time.sleep(1e6)")
 
 
 def measure(proc: subprocess.Popen, seconds: float, warmup: float) -> tuple[float, float]:
@@ -65,7 +65,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def agent_cmd(port: int, tmp: Path) -> list[str]:
-    return [sys.executable, "-m", "controlplane.cli.main", "agent", "--node-id", "node-0",
+    return [sys.executable, "-m", "moeplane.controlplane.cli.main", "agent", "--node-id", "node-0",
             "--server", f"127.0.0.1:{port}", "--collector", "sim", "--devices", "8",
             "--interval", "1", "--spool-dir", str(tmp / "spool"), "--job-id", "bench",
             "--ranks", "0-7", "--local-socket", str(tmp / "node-0.sock"),
@@ -93,7 +93,7 @@ def main() -> int:
             rows.append(("agent, telemetry only (8 sim devices, 1 Hz)",
                          *measure(agent, args.seconds, args.warmup)))
             sim = subprocess.Popen([
-                sys.executable, "-m", "controlplane.cli.main", "simulate", "--job-id", "bench",
+                sys.executable, "-m", "moeplane.controlplane.cli.main", "simulate", "--job-id", "bench",
                 "--nodes", "1", "--gpus-per-node", "8", "--layers", "58", "--experts", "256",
                 "--top-k", "8", "--tokens-per-step", "4096", "--step-time", "1",
                 "--agent-socket-template", str(tmp / "{node}.sock"), "--log-level", "WARNING"])

@@ -2,7 +2,7 @@
 loadgen agents and the same plan bytes as ``moeplane serve``, with nothing behind the server.
 
 No database, no plan lifecycle, no bus: a hello gets a Config, every message gets the same
-small Ack the control plane sends (built by ``controlplane.ingest.service.ok_ack``), and the
+small Ack the control plane sends (built by ``moeplane.controlplane.ingest.service.ok_ack``), and the
 server pushes the plans itself. Once ``--agents`` streams are open it runs ``--rounds`` rounds
 per row: take the push time, put ONE serialized ``ControlMessage(plan=...)`` (shared bytes,
 passed through gRPC untouched like serve's) on every stream, wait until every agent reported
@@ -26,10 +26,10 @@ from collections import Counter
 import grpc
 import numpy as np
 
-from controlplane.ingest.planpush import control_with_plan
-from controlplane.ingest.service import ok_ack
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.plan_codec import delta_plan, full_plan
+from moeplane.controlplane.ingest.planpush import control_with_plan
+from moeplane.controlplane.ingest.service import ok_ack
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.plan_codec import delta_plan, full_plan
 
 
 class BareFanout:

@@ -15,8 +15,8 @@ import signal
 import grpc
 import numpy as np
 
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire import moeplane_pb2_grpc as rpc
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2_grpc as rpc
 
 
 class BareIngest(rpc.IngestServicer):

@@ -23,11 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from controlplane.store import queries as q
-from controlplane.store.engine import make_engine
-from controlplane.store.migrate import upgrade
-from controlplane.store.writes import StoreWriter
-from dashboard.app import create_dash
+from moeplane.controlplane.store import queries as q
+from moeplane.controlplane.store.engine import make_engine
+from moeplane.controlplane.store.migrate import upgrade
+from moeplane.controlplane.store.writes import StoreWriter
+from moeplane.dashboard.app import create_dash
 from tests.dashboard.simjob import SimJob
 
 CLUSTER = "..cluster-grid.figure...cluster-shown.data...cluster-summary.children...link-graph.figure...device-select.options.."

@@ -24,7 +24,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from benchmarks.scaleharness import loadgen, pg_database, read_json, sqlite_database, start_serve
-from controlplane.store.engine import make_engine
+from moeplane.controlplane.store.engine import make_engine
 
 
 def main(argv=None) -> int:

@@ -54,8 +54,8 @@ from benchmarks.scaleharness import (
     read_json,
     start_serve,
 )
-from controlplane.balancing import identity_placement, plan_placement
-from controlplane.loadgen.stats import percentiles
+from moeplane.controlplane.balancing import identity_placement, plan_placement
+from moeplane.controlplane.loadgen.stats import percentiles
 
 JOB = "fanout"
 

@@ -17,12 +17,12 @@ import numpy as np
 import psycopg
 import sqlalchemy as sa
 
-from controlplane.retention import RetentionPolicy
-from controlplane.store import history as H
-from controlplane.store import tiers
-from controlplane.store.engine import make_engine
-from controlplane.store.migrate import upgrade
-from controlplane.store.records import (
+from moeplane.controlplane.retention import RetentionPolicy
+from moeplane.controlplane.store import history as H
+from moeplane.controlplane.store import tiers
+from moeplane.controlplane.store.engine import make_engine
+from moeplane.controlplane.store.migrate import upgrade
+from moeplane.controlplane.store.records import (
     DeviceRecord,
     HelloRecord,
     JobRecord,
@@ -31,7 +31,7 @@ from controlplane.store.records import (
     SamplesRecord,
     StepStatsRecord,
 )
-from controlplane.store.writes import StoreWriter
+from moeplane.controlplane.store.writes import StoreWriter
 
 D, M, L, E, RPN = 8, 16, 58, 256, 8
 

@@ -46,7 +46,7 @@ from benchmarks.scaleharness import (
     sqlite_database,
     start_serve,
 )
-from controlplane.loadgen.stats import percentiles, summary
+from moeplane.controlplane.loadgen.stats import percentiles, summary
 
 
 def run_loadgen_against(target_pid: int, target: str, tmp: Path, lg_args: list[str], name: str,

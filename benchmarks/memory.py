@@ -14,10 +14,10 @@ from __future__ import annotations
 import sys
 import time
 
-from controlplane.memory import NodeMemory, Verdict, WatermarkPolicy, decide_offload
-from controlplane.memory.model import build_profile, plan_from_applied
-from controlplane.memory.search import recompute_everything, swap_everything
-from controlplane.memory.synthetic import StackShape, device_for, layer_profiles
+from moeplane.controlplane.memory import NodeMemory, Verdict, WatermarkPolicy, decide_offload
+from moeplane.controlplane.memory.model import build_profile, plan_from_applied
+from moeplane.controlplane.memory.search import recompute_everything, swap_everything
+from moeplane.controlplane.memory.synthetic import StackShape, device_for, layer_profiles
 
 GB = 10**9
 SHAPES = (

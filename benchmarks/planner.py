@@ -9,7 +9,7 @@ Cases, top-8 routing:
 Trace families (``planner_traces.py``), each run on every case:
   walk  independent layers, log-popularity random walk at a constant rate, 5% batch noise,
         16,384 tokens per rank per step;
-  sim   the simulator's workload model (``agents.sim.workload``, default parameters):
+  sim   the simulator's workload model (``moeplane.agents.sim.workload``, default parameters):
         correlated adjacent layers, hot experts, drift fast early and slow later; tokens per
         rank = the model's default unless ``--sim-tokens-per-rank``.
 
@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.planner_baselines import eplb_greedy_loop, swap_heaviest  # noqa: E402
 from benchmarks.planner_replay import replay  # noqa: E402
 from benchmarks.planner_traces import drifting_trace, workload_trace  # noqa: E402
-from controlplane.balancing import (  # noqa: E402
+from moeplane.controlplane.balancing import (  # noqa: E402
     count_moves,
     eplb_greedy,
     gpu_loads,

@@ -14,7 +14,7 @@ new loads, until no GPU is above the level. Candidates, every one evaluated exac
   a slot of b to one of the 24 lightest GPUs c, and a slot of c to a (three moves that can
   relieve two GPUs; a swap relieves one for two moves).
 
-This is what ``controlplane.balancing.repair`` (``search="repair"``, the default) approximates
+This is what ``moeplane.controlplane.balancing.repair`` (``search="repair"``, the default) approximates
 with fewer candidates per evaluation (compiled, several disjoint steps per evaluation). The
 3-cycles are not in it: three vectorized versions bought at most 0.6 points of the 2 this
 study shows (see docs/bench-planner.md, fourth round).
@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.planner_traces import drifting_trace, workload_trace  # noqa: E402
-from controlplane.balancing import (  # noqa: E402
+from moeplane.controlplane.balancing import (  # noqa: E402
     count_moves,
     eplb_greedy,
     gpu_loads,

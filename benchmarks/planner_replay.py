@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from controlplane.balancing import (
+from moeplane.controlplane.balancing import (
     FORECASTERS,
     choose_forecaster,
     eplb_greedy,

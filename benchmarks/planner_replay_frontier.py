@@ -45,7 +45,7 @@ from benchmarks.planner_replay import (  # noqa: E402
     window_mean,
 )
 from benchmarks.planner_traces import workload_trace  # noqa: E402
-from controlplane.balancing import (  # noqa: E402
+from moeplane.controlplane.balancing import (  # noqa: E402
     eplb_greedy,
     gpu_expert_counts,
     gpu_loads,

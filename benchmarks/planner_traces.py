@@ -7,7 +7,7 @@ per layer) split by popularity, with per-step multiplicative batch noise and Poi
 sampling noise. Layers are independent; the drift rate is constant.
 
 ``workload_trace`` (family "sim workload"): the simulator's workload model
-(``agents.sim.workload.ExpertLoadModel``, the one ``moeplane simulate`` runs), imported, not
+(``moeplane.agents.sim.workload.ExpertLoadModel``, the one ``moeplane simulate`` runs), imported, not
 copied, with its default parameters: adjacent layers correlated, a few hot experts, drift
 fast early in training and slow later, multinomial top-k routing per rank.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.sim.workload import ExpertLoadModel, WorkloadSpec
+from moeplane.agents.sim.workload import ExpertLoadModel, WorkloadSpec
 
 
 def drifting_trace(

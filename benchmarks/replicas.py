@@ -33,7 +33,7 @@ from benchmarks.scaleharness import (
     read_json,
     start_serve,
 )
-from controlplane.loadgen.stats import summary
+from moeplane.controlplane.loadgen.stats import summary
 
 
 def tree_cpu(pid: int) -> float:

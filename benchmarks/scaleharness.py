@@ -23,7 +23,7 @@ import psutil
 
 PG_ADMIN = os.environ.get("MOEPLANE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS = os.environ.get("MOEPLANE_BENCH_REDIS", "redis://127.0.0.1:6379/0")
-MOEPLANE = [sys.executable, "-m", "controlplane.cli.main"]
+MOEPLANE = [sys.executable, "-m", "moeplane.controlplane.cli.main"]
 # The rebalancing controller's first tick finds no job; this interval keeps it from planning
 # during an ingest measurement (its planning cost is the planner benchmark's subject).
 NO_CONTROLLER = {"MOEPLANE_CONTROLLER_INTERVAL_S": "1e9"}

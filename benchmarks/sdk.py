@@ -34,9 +34,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from agents.sdk.reporter import Reporter
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire import moeplane_pb2_grpc as pb_grpc
+from moeplane.agents.sdk.reporter import Reporter
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2_grpc as pb_grpc
 
 LAYERS, EXPERTS, TOP_K = 58, 256, 8
 
@@ -132,8 +132,8 @@ def _migration_rank(rank: int, world: int, port: int, d: int, f: int, slots: int
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    from agents.sdk import migration
-    from agents.sdk.moe import ExpertParallelMoE
+    from moeplane.agents.sdk import migration
+    from moeplane.agents.sdk.moe import ExpertParallelMoE
 
     experts = world * slots // 2
     row = np.arange(world * slots) % experts

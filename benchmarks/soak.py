@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.scaleharness import Meter, loadgen, pg_database, read_json, start_serve
-from controlplane.loadgen.stats import summary
+from moeplane.controlplane.loadgen.stats import summary
 
 
 def main(argv=None) -> int:

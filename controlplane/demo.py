@@ -12,7 +12,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-MOEPLANE = [sys.executable, "-m", "controlplane.cli.main"]
+MOEPLANE = [sys.executable, "-m", "moeplane.controlplane.cli.main"]
 
 
 class Demo:

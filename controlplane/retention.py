@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from controlplane.store import tables as t
-from controlplane.store import tiers
+from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store import tiers
 
 log = logging.getLogger("moeplane.retention")
 

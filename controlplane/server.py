@@ -16,22 +16,27 @@ import sys
 import grpc
 import uvicorn
 
-from controlplane.api.app import create_api
-from controlplane.auth.dashboard import DashboardGate, flask_role, require_operator
-from controlplane.auth.serving import OPEN_BANNER, add_grpc_port, open_mode_problem, tls_files
-from controlplane.auth.tokens import TokenStore
-from controlplane.bus import make_bus
-from controlplane.controller.leader import Leadership
-from controlplane.controller.offload import OffloadController
-from controlplane.controller.runner import Controller
-from controlplane.ingest.batcher import Batcher
-from controlplane.ingest.service import IngestService, JobCatalog, add_ingest_to_server
-from controlplane.ingest.validate import JobShape
-from controlplane.retention import Retention, RetentionPolicy
-from controlplane.settings import Settings
-from controlplane.store.engine import make_engine
-from controlplane.store.migrate import upgrade
-from controlplane.store.writes import StoreWriter
+from moeplane.controlplane.api.app import create_api
+from moeplane.controlplane.auth.dashboard import DashboardGate, flask_role, require_operator
+from moeplane.controlplane.auth.serving import (
+    OPEN_BANNER,
+    add_grpc_port,
+    open_mode_problem,
+    tls_files,
+)
+from moeplane.controlplane.auth.tokens import TokenStore
+from moeplane.controlplane.bus import make_bus
+from moeplane.controlplane.controller.leader import Leadership
+from moeplane.controlplane.controller.offload import OffloadController
+from moeplane.controlplane.controller.runner import Controller
+from moeplane.controlplane.ingest.batcher import Batcher
+from moeplane.controlplane.ingest.service import IngestService, JobCatalog, add_ingest_to_server
+from moeplane.controlplane.ingest.validate import JobShape
+from moeplane.controlplane.retention import Retention, RetentionPolicy
+from moeplane.controlplane.settings import Settings
+from moeplane.controlplane.store.engine import make_engine
+from moeplane.controlplane.store.migrate import upgrade
+from moeplane.controlplane.store.writes import StoreWriter
 
 log = logging.getLogger("moeplane.serve")
 
@@ -40,8 +45,8 @@ def _mount_dashboard(api, engine, loop: asyncio.AbstractEventLoop, tokens: Token
     try:
         from a2wsgi import WSGIMiddleware
 
-        from dashboard.actions import rest_plan_actions
-        from dashboard.app import create_dash
+        from moeplane.dashboard.actions import rest_plan_actions
+        from moeplane.dashboard.app import create_dash
     except ImportError as exc:  # the dashboard package is optional at this layer
         log.warning("dashboard not mounted: %s", exc)
         return False
@@ -85,7 +90,7 @@ async def serve(
     engine = make_engine(settings.database_url)
     tokens = TokenStore(engine) if settings.auth else None
     if settings.rebalance_mode:
-        from controlplane.store.plans import DEFAULT_POLICY, set_policy
+        from moeplane.controlplane.store.plans import DEFAULT_POLICY, set_policy
 
         await asyncio.to_thread(set_policy, engine, DEFAULT_POLICY, {"mode": settings.rebalance_mode})
     bus = make_bus(settings.redis_url)

@@ -2,7 +2,7 @@
 
 The dashboard's callbacks are synchronous (Flask under WSGI, on a2wsgi's worker threads); the
 REST handlers and the bus live on the server's asyncio loop. ``rest_plan_actions`` wraps the
-REST handlers of ``controlplane.api.plans`` (approve: proposed → approved, push, publish the
+REST handlers of ``moeplane.controlplane.api.plans`` (approve: proposed → approved, push, publish the
 PlacementPlan on ``plans.<job>``; reject: open → rejected) as plain functions that run them on
 that loop with ``asyncio.run_coroutine_threadsafe`` and wait for the result.
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from sqlalchemy.engine import Engine
 
-from controlplane.store import plans as P
+from moeplane.controlplane.store import plans as P
 
 PlanAction = Callable[[str, int], dict]
 
@@ -26,14 +26,14 @@ ACTION_TIMEOUT_S = 30.0
 
 def rest_plan_actions(api, loop: asyncio.AbstractEventLoop,
                       timeout_s: float = ACTION_TIMEOUT_S) -> tuple[PlanAction, PlanAction]:
-    """(approve, reject) running ``controlplane.api.plans``'s handlers on ``loop``.
+    """(approve, reject) running ``moeplane.controlplane.api.plans``'s handlers on ``loop``.
 
     ``api`` is the FastAPI app from ``create_api`` (its ``state.engine`` and ``state.bus`` are
     what the handlers use). Must not be called from ``loop``'s own thread.
     """
     from starlette.requests import Request
 
-    from controlplane.api import plans as rest
+    from moeplane.controlplane.api import plans as rest
 
     def run(coro) -> dict:
         return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout_s)

@@ -7,7 +7,7 @@ Pages (client-side routing through ``dcc.Location``, no full reloads): ``cluster
 ``experts``, ``plans``, ``memory``, ``history``.
 
 Plan approval publishes on the bus, which lives on the server's event loop: the server passes
-``approve`` / ``reject`` (``dashboard.actions.rest_plan_actions``: the REST handlers run on
+``approve`` / ``reject`` (``moeplane.dashboard.actions.rest_plan_actions``: the REST handlers run on
 that loop). Without ``approve`` the Plans page shows plans but cannot approve; without
 ``reject`` it rejects through the same store transition as REST.
 """
@@ -18,7 +18,7 @@ import dash
 from dash import Input, Output
 from sqlalchemy.engine import Engine
 
-from dashboard import (
+from moeplane.dashboard import (
     cluster_callbacks,
     expert_callbacks,
     history_callbacks,
@@ -26,9 +26,9 @@ from dashboard import (
     pages,
     plan_callbacks,
 )
-from dashboard.actions import PlanAction, store_reject
-from dashboard.plotly_bundle import serve_partial_plotly
-from dashboard.source import BalancednessCache
+from moeplane.dashboard.actions import PlanAction, store_reject
+from moeplane.dashboard.plotly_bundle import serve_partial_plotly
+from moeplane.dashboard.source import BalancednessCache
 
 
 def create_dash(
@@ -41,13 +41,13 @@ def create_dash(
     reject: PlanAction | None = None,
     partial_plotly: bool = True,
 ) -> dash.Dash:
-    """Build the dashboard on ``engine`` (read through ``controlplane.store.queries``).
+    """Build the dashboard on ``engine`` (read through ``moeplane.controlplane.store.queries``).
 
     ``requests_pathname_prefix`` is the path the browser sees (ends with ``/``);
     ``interval_ms`` the live refresh period; ``balancedness_window`` the number of recent steps
     in the balancedness view; ``approve`` / ``reject`` the plan actions ``(job_id, epoch) ->
     plan summary`` behind the Plans page's buttons; ``partial_plotly`` serves plotly.js's
-    cartesian bundle instead of Dash's full one (``dashboard.plotly_bundle``).
+    cartesian bundle instead of Dash's full one (``moeplane.dashboard.plotly_bundle``).
     """
     if not requests_pathname_prefix.startswith("/") or not requests_pathname_prefix.endswith("/"):
         raise ValueError(

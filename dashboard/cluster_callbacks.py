@@ -9,8 +9,8 @@ from dash import Input, Output, Patch, State, no_update
 from dash.exceptions import PreventUpdate
 from sqlalchemy.engine import Engine
 
-from controlplane.store import queries as q
-from dashboard.cluster_views import (
+from moeplane.controlplane.store import queries as q
+from moeplane.dashboard.cluster_views import (
     METRICS,
     alerts_summary,
     grid_data,

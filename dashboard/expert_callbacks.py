@@ -11,8 +11,8 @@ import numpy as np
 from dash import Input, Output, Patch, State, ctx, no_update
 from sqlalchemy.engine import Engine
 
-from controlplane.store import queries as q
-from dashboard.expert_views import (
+from moeplane.controlplane.store import queries as q
+from moeplane.dashboard.expert_views import (
     balancedness_figure,
     expert_heatmap_figure,
     placement_figure,
@@ -21,9 +21,9 @@ from dashboard.expert_views import (
     relative_rank_load,
     step_time_figure,
 )
-from dashboard.placement import layer_balancedness, rank_loads
-from dashboard.ranges import history_range
-from dashboard.source import (
+from moeplane.dashboard.placement import layer_balancedness, rank_loads
+from moeplane.dashboard.ranges import history_range
+from moeplane.dashboard.source import (
     BalancednessCache,
     PlacementCache,
     current_placement,

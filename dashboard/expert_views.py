@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dashboard.placement import layer_balancedness, rank_loads, replica_counts, slot_loads
+from moeplane.dashboard.placement import layer_balancedness, rank_loads, replica_counts, slot_loads
 
 MAX_LABELLED_SLOTS = 512  # above this the placement view shows ids on hover only
 

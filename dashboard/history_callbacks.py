@@ -1,5 +1,5 @@
 """History page: the cluster grid as it was at the end of the chosen range (from the raw
-frames in the store, ``dashboard.history_queries``). The load views of the page are in
+frames in the store, ``moeplane.dashboard.history_queries``). The load views of the page are in
 ``expert_callbacks``."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 from dash import Input, Output, State
 from sqlalchemy.engine import Engine
 
-from controlplane.store import queries as q
-from dashboard.cluster_callbacks import summary_text
-from dashboard.cluster_views import METRICS, grid_data, grid_figure, grid_layout
-from dashboard.history_queries import device_values_at, range_end_time
-from dashboard.ranges import history_range
+from moeplane.controlplane.store import queries as q
+from moeplane.dashboard.cluster_callbacks import summary_text
+from moeplane.dashboard.cluster_views import METRICS, grid_data, grid_figure, grid_layout
+from moeplane.dashboard.history_queries import device_values_at, range_end_time
+from moeplane.dashboard.ranges import history_range
 
 
 def _blank(title: str) -> dict:

@@ -2,7 +2,7 @@
 
 Raw telemetry is one float32 [D, M] frame per node and round in ``sample_frames`` (little
 endian, NaN = not measured), its device and metric names in ``sample_layouts``; the same
-decoding as ``controlplane.store.queries.latest_device_values``, but for the newest frame of
+decoding as ``moeplane.controlplane.store.queries.latest_device_values``, but for the newest frame of
 each node at or before a given time instead of the live ``node_latest`` row.
 """
 
@@ -12,8 +12,8 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from controlplane.store import tables as t
-from controlplane.store.queries import Range, frame_device_values
+from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store.queries import Range, frame_device_values
 
 DEFAULT_MAX_AGE_S = 120.0
 

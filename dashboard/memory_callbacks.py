@@ -1,5 +1,5 @@
 """Memory page callbacks: each device's memory breakdown and the job's offload decisions,
-read through ``controlplane.store.memory_profiles`` and ``controlplane.store.offload`` (the
+read through ``moeplane.controlplane.store.memory_profiles`` and ``moeplane.controlplane.store.offload`` (the
 functions behind REST ``/memory`` and ``/offload/decisions``), re-sent only when a profile, the policy or a decision changed."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 from dash import Input, Output, State, html, no_update
 from sqlalchemy.engine import Engine
 
-from controlplane.store import memory_profiles as M
-from controlplane.store import offload as O
-from controlplane.store import queries as q
-from dashboard.memory_views import breakdown_figure, decision_rows, memory_summary
+from moeplane.controlplane.store import memory_profiles as M
+from moeplane.controlplane.store import offload as O
+from moeplane.controlplane.store import queries as q
+from moeplane.dashboard.memory_views import breakdown_figure, decision_rows, memory_summary
 
 MAX_DECISIONS = 100
 

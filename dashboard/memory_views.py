@@ -1,6 +1,6 @@
 """Memory page data prep: breakdown and decision rows in, figure dicts and table rows out (pure).
 
-Breakdown rows are ``controlplane.store.offload.memory_breakdown`` dicts (bytes): per device
+Breakdown rows are ``moeplane.controlplane.store.offload.memory_breakdown`` dicts (bytes): per device
 parameters_bytes, gradients_bytes, optimizer_bytes, activations_peak_bytes, other_bytes,
 used_bytes, capacity_bytes, high/low_watermark_bytes, applied_actions, decision. Decision rows
 are ``list_decisions`` dicts.

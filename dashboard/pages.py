@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dash import dcc, html
 
-from dashboard.cluster_views import METRICS
+from moeplane.dashboard.cluster_views import METRICS
 
 PAGES = (("cluster", "Cluster"), ("experts", "Experts"), ("plans", "Plans"), ("memory", "Memory"),
          ("history", "History"))

@@ -8,7 +8,7 @@ Conventions (EPLB-compatible, see the architecture notes):
 - balancedness of a layer = max rank load / mean rank load (1.0 is perfect); the balancedness
   of a job is the mean of that over layers.
 
-The arithmetic is ``controlplane.balancing.placement``'s; this module adds the checks the
+The arithmetic is ``moeplane.controlplane.balancing.placement``'s; this module adds the checks the
 dashboard needs on placements read from the store. No I/O, no clocks, no globals.
 Validation raises ``ValueError`` naming the argument.
 """
@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from controlplane.balancing import placement as bp
+from moeplane.controlplane.balancing import placement as bp
 
 
 def identity_phy2log(layers: int, experts: int, ranks: int, slots_per_rank: int | None = None) -> np.ndarray:

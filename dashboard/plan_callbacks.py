@@ -3,7 +3,7 @@ only when a plan changes), approve / reject buttons on open plans, and the diff 
 plan against the running placement.
 
 Approve and reject go through the ``approve`` / ``reject`` plan actions given to
-``create_dash`` (the server passes the REST handlers, see ``dashboard.actions``).
+``create_dash`` (the server passes the REST handlers, see ``moeplane.dashboard.actions``).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from dash import ALL, Input, Output, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 from sqlalchemy.engine import Engine
 
-from controlplane.store import plans as P
-from controlplane.store import queries as q
-from dashboard.actions import PlanAction
-from dashboard.placement import identity_phy2log
-from dashboard.plan_diff import changed_slots, placement_diff
-from dashboard.plan_views import (
+from moeplane.controlplane.store import plans as P
+from moeplane.controlplane.store import queries as q
+from moeplane.dashboard.actions import PlanAction
+from moeplane.dashboard.placement import identity_phy2log
+from moeplane.dashboard.plan_diff import changed_slots, placement_diff
+from moeplane.dashboard.plan_views import (
     STATUS_COLOURS,
     diff_figure,
     diff_summary,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dashboard.placement import replica_counts
+from moeplane.dashboard.placement import replica_counts
 
 
 @dataclass(frozen=True)

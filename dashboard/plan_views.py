@@ -1,6 +1,6 @@
 """Plans page data prep: plan rows in, table rows and plotly figure dicts out (pure).
 
-Plan rows are ``controlplane.store.plans.list_plans`` dicts (epoch, status, kind, created_at,
+Plan rows are ``moeplane.controlplane.store.plans.list_plans`` dicts (epoch, status, kind, created_at,
 moves, cross_node_moves, predicted_before/after, measured_before/after, ... ; balancedness is
 max / mean rank load, 1.0 is perfect; times are unix seconds).
 """
@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from dashboard.plan_diff import PlacementDiff
+from moeplane.dashboard.plan_diff import PlacementDiff
 
 STATUS_COLOURS = {
     "proposed": "#f39c12",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from controlplane.store.queries import Range
+from moeplane.controlplane.store.queries import Range
 
 HISTORY_STEPS = 50  # steps shown when no range is given
 MAX_HISTORY_STEPS = 500  # load matrices decoded for one History view

@@ -1,4 +1,4 @@
-"""Store reads for the dashboard, through the service layer (``controlplane.store.queries``).
+"""Store reads for the dashboard, through the service layer (``moeplane.controlplane.store.queries``).
 
 Only I/O and caching live here; the arithmetic is in ``placement`` and the figures in the
 ``*_views`` modules. The balancedness cache keeps, per job and placement, the per-layer
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy.engine import Engine
 
-from controlplane.store import plans as P
-from controlplane.store import queries as q
-from dashboard.expert_views import JobGeometry, job_geometry, layer_balancedness_of
-from dashboard.placement import identity_phy2log
+from moeplane.controlplane.store import plans as P
+from moeplane.controlplane.store import queries as q
+from moeplane.dashboard.expert_views import JobGeometry, job_geometry, layer_balancedness_of
+from moeplane.dashboard.placement import identity_phy2log
 
 
 @dataclass(frozen=True)

@@ -37,14 +37,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from agents.sdk.applier import PlanApplier
-from agents.sdk.memory.runner import MemoryOffload
-from agents.sdk.moe import ExpertParallelMoE, attach_counter, moe_blocks, sync_gradients
-from agents.sdk.placement import balancedness, rank_loads, rebalance
-from agents.sdk.reporter import Reporter
-from controlplane.balancing.placement import identity_placement
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import encode_array
+from moeplane.agents.sdk.applier import PlanApplier
+from moeplane.agents.sdk.memory.runner import MemoryOffload
+from moeplane.agents.sdk.moe import ExpertParallelMoE, attach_counter, moe_blocks, sync_gradients
+from moeplane.agents.sdk.placement import balancedness, rank_loads, rebalance
+from moeplane.agents.sdk.reporter import Reporter
+from moeplane.controlplane.balancing.placement import identity_placement
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import encode_array
 
 log = logging.getLogger("train_moe")
 

@@ -1,12 +1,12 @@
-"""Alembic environment: the URL comes from the Config built in controlplane.store.migrate."""
+"""Alembic environment: the URL comes from the Config built in moeplane.controlplane.store.migrate."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import pool
 
-from controlplane.store.engine import make_engine
-from controlplane.store.tables import metadata
+from moeplane.controlplane.store.engine import make_engine
+from moeplane.controlplane.store.tables import metadata
 
 config = context.config
 target_metadata = metadata

@@ -25,7 +25,7 @@ def _planner_kernel_compiled() -> None:
     """Compile the planner's repair kernel into numba's on-disk cache before any test: a
     server a test starts as a subprocess then loads it in about 0.3 s instead of compiling it
     for about 8 s inside the test's deadline."""
-    from controlplane.balancing.repair import warm_up
+    from moeplane.controlplane.balancing.repair import warm_up
 
     warm_up()
 

@@ -14,7 +14,7 @@ import httpx
 
 from tests.conftest import free_port
 
-MOEPLANE = [sys.executable, "-m", "controlplane.cli.main"]
+MOEPLANE = [sys.executable, "-m", "moeplane.controlplane.cli.main"]
 
 
 def wait_until(fn, timeout: float = 30.0, what: str = "condition", interval: float = 0.05):

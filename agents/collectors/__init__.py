@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import shutil
 
-from agents.collectors.base import Collector, Device
+from moeplane.agents.collectors.base import Collector, Device
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +36,19 @@ def make_collector(name: str, node_id: str, *, devices: int = 8, seed: int = 0) 
         name = detect()
         log.info("collector: %s (detected)", name)
     if name == "sim":
-        from agents.collectors.sim import SimCollector
+        from moeplane.agents.collectors.sim import SimCollector
 
         return SimCollector(node_id, devices=devices, seed=seed)
     if name == "host":
-        from agents.collectors.host import HostCollector
+        from moeplane.agents.collectors.host import HostCollector
 
         return HostCollector(node_id)
     if name == "nvml":
-        from agents.collectors.nvml import NvmlCollector
+        from moeplane.agents.collectors.nvml import NvmlCollector
 
         return NvmlCollector.open(node_id)
     if name == "ascend":
-        from agents.collectors.ascend import AscendCollector
+        from moeplane.agents.collectors.ascend import AscendCollector
 
         return AscendCollector(node_id)
     raise ValueError(f"collector must be one of {', '.join(NAMES)}, got {name!r}")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agents import metrics as m
-from agents.collectors.base import Device, RateTracker
+from moeplane.agents import metrics as m
+from moeplane.agents.collectors.base import Device, RateTracker
 
 METRICS = (
     m.UTILIZATION_RATIO, m.MEMORY_USED_BYTES, m.MEMORY_TOTAL_BYTES, m.NET_TX, m.NET_RX,

@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
-from agents import metrics as m
-from agents.collectors.base import Device, RateTracker
+from moeplane.agents import metrics as m
+from moeplane.agents.collectors.base import Device, RateTracker
 
 log = logging.getLogger(__name__)
 

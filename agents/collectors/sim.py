@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents import metrics as m
-from agents.collectors.base import Device
+from moeplane.agents import metrics as m
+from moeplane.agents.collectors.base import Device
 
 MODEL = "moeplane-sim H100-like 80GB"
 MEMORY_TOTAL = 80 * m.GIB

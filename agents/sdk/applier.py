@@ -13,7 +13,7 @@ Protocol
     step for all of them: no rank switches alone. A plan that another rank rejected is dropped
     everywhere; plans that differ between ranks under one epoch fail everywhere.
 
-    Switching stages the new expert weights and optimizer state (:mod:`agents.sdk.migration`),
+    Switching stages the new expert weights and optimizer state (:mod:`moeplane.agents.sdk.migration`),
     votes (``all_reduce(MIN)`` of each rank's success), then commits on every rank or on none,
     and reports APPLIED (with the first step that runs the new placement) or FAILED.
 
@@ -31,11 +31,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from agents.sdk import migration
-from agents.sdk.moe import ExpertParallelMoE
-from agents.sdk.placement import PlacementError, check_phy2log
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import WireError, decode_array
+from moeplane.agents.sdk import migration
+from moeplane.agents.sdk.moe import ExpertParallelMoE
+from moeplane.agents.sdk.placement import PlacementError, check_phy2log
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import WireError, decode_array
 
 _NONE = -1
 

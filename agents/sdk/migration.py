@@ -1,7 +1,7 @@
 """Move expert slots between ranks: weights and their optimizer state, staged then committed.
 
 Every rank computes the same transfer list from (running placement, target placement) with
-:func:`agents.sdk.placement.migration_sources`. Slots that stay on a rank are copied locally;
+:func:`moeplane.agents.sdk.placement.migration_sources`. Slots that stay on a rank are copied locally;
 the others travel in one batched point-to-point round (``batch_isend_irecv``), received straight
 into the staged tensors. Nothing running changes until :func:`commit`: :func:`stage` builds the new
 tensors beside the old ones.
@@ -9,7 +9,7 @@ tensors beside the old ones.
 Per slot, the moved tensors are the expert parameters and every optimizer-state tensor of the
 parameter's shape (Adam/AdamW ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``; SGD
 ``momentum_buffer``). Adam's ``step`` is one scalar per stacked parameter, equal on every rank
-because every rank steps every parameter each step (:func:`agents.sdk.moe.sync_gradients`
+because every rank steps every parameter each step (:func:`moeplane.agents.sdk.moe.sync_gradients`
 materialises missing gradients); it stays where it is.
 """
 
@@ -21,9 +21,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from agents.sdk.comm import global_rank
-from agents.sdk.moe import ExpertParallelMoE
-from agents.sdk.placement import migration_sources
+from moeplane.agents.sdk.comm import global_rank
+from moeplane.agents.sdk.moe import ExpertParallelMoE
+from moeplane.agents.sdk.placement import migration_sources
 
 
 @dataclass

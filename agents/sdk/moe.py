@@ -13,7 +13,7 @@ Forward, for ``x[..., d_model]`` flattened to ``T`` tokens
     -> physical slot per assignment -> one ``all_to_all_single`` of per-slot counts (``[G*S]``
     int64) -> ``all_to_all`` of the token rows -> each slot's SwiGLU FFN on its rows ->
     ``all_to_all`` back -> gate-weighted sum over the k choices. Gradients flow through both
-    all-to-alls (:func:`agents.sdk.comm.all_to_all`).
+    all-to-alls (:func:`moeplane.agents.sdk.comm.all_to_all`).
 
 Gradients
     After ``loss.backward()`` call :func:`sync_gradients` (instead of DDP): dense parameters are
@@ -34,8 +34,8 @@ Adopting it in an existing model
        it is placed.
     4. Train with ``loss.backward(); sync_gradients(model); optimizer.step()``. Do not wrap the
        model in DDP (expert parameters differ between ranks).
-    5. Optionally: :func:`attach_counter` for per-step load counts (:mod:`agents.sdk.reporter`)
-       and :class:`agents.sdk.applier.PlanApplier` for live rebalancing.
+    5. Optionally: :func:`attach_counter` for per-step load counts (:mod:`moeplane.agents.sdk.reporter`)
+       and :class:`moeplane.agents.sdk.applier.PlanApplier` for live rebalancing.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from agents.sdk.comm import all_to_all, exchange
-from agents.sdk.placement import PlacementError, replica_table
+from moeplane.agents.sdk.comm import all_to_all, exchange
+from moeplane.agents.sdk.placement import PlacementError, replica_table
 
 
 class ExpertParallelMoE(nn.Module):

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from controlplane.balancing.eplb import eplb_replica_counts
-from controlplane.balancing.placement import gpu_loads, layer_balancedness
+from moeplane.controlplane.balancing.eplb import eplb_replica_counts
+from moeplane.controlplane.balancing.placement import gpu_loads, layer_balancedness
 
 
 class PlacementError(ValueError):

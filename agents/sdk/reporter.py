@@ -2,11 +2,11 @@
 
 What a step costs the training loop (:meth:`Reporter.end_step`): a device-side ``clone`` and
 ``zero_`` of the ``[L, E]`` counter (the MoE blocks already bincount their router indices into
-it, see :func:`agents.sdk.moe.attach_counter`), a few clock reads, and an append to a bounded
+it, see :func:`moeplane.agents.sdk.moe.attach_counter`), a few clock reads, and an append to a bounded
 queue. A background thread does the rest: waits for the device copy, makes the one small copy
 to the host, encodes ``RankStep`` and writes it on the gRPC stream ``NodeLocal.Attach`` (Unix
 socket ``unix:PATH``; ``RankHello`` first). Plans the agent streams back
-(``RankControl.plan``) go to ``on_plan`` (e.g. :meth:`agents.sdk.applier.PlanApplier.submit`);
+(``RankControl.plan``) go to ``on_plan`` (e.g. :meth:`moeplane.agents.sdk.applier.PlanApplier.submit`);
 ``send_report`` sends ``PlanReport`` back. When the queue is full the oldest step is dropped
 and counted (``dropped``); when the agent is away the thread reconnects with backoff. Delivery
 is at most once: the agent's per-step deadline marks ranks that miss a step.
@@ -27,7 +27,7 @@ Memory breakdown (:attr:`Reporter.memory`, bytes): parameters, gradients, optimi
 forward+backward (CUDA: peak allocated above the region's start; CPU: bytes of tensors saved
 for backward, deduplicated by storage, the model's parameters excluded).
 
-Memory offload (``offload=`` a :class:`agents.sdk.memory.runner.MemoryOffload` of the model's
+Memory offload (``offload=`` a :class:`moeplane.agents.sdk.memory.runner.MemoryOffload` of the model's
 layers): ``activations()`` measures each layer, ``end_step`` attaches the step's
 ``MemoryProfile`` to ``RankStep.memory`` (at most once per the offload's profile interval) and
 then runs the offload's step boundary, where a pushed ``RankControl.offload`` is applied and
@@ -48,9 +48,9 @@ import grpc
 import torch
 from torch import nn
 
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire import moeplane_pb2_grpc as pb_grpc
-from controlplane.wire.arrays import encode_array
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2_grpc as pb_grpc
+from moeplane.controlplane.wire.arrays import encode_array
 
 log = logging.getLogger(__name__)
 

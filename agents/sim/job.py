@@ -3,7 +3,7 @@
 Every rank reports ``RankStep`` (its ``counts[L, E]`` and step statistics) on its own
 ``NodeLocal`` stream to the agent of its node, exactly as the SDK does. The job runs a
 placement ``phy2log[L, W*S]``: its step time follows the load of the busiest rank under that
-placement (see :func:`agents.sim.workload.step_time_s`). A placement plan received from the
+placement (see :func:`moeplane.agents.sim.workload.step_time_s`). A placement plan received from the
 agents is applied on every rank at the same step, once every rank has it, and reported APPLIED
 (or FAILED with the reason, keeping the running placement).
 """
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from agents.sim.ranklink import RankLink
-from agents.sim.workload import (
+from moeplane.agents.sim.ranklink import RankLink
+from moeplane.agents.sim.workload import (
     ExpertLoadModel,
     WorkloadSpec,
     balancedness,
@@ -29,8 +29,8 @@ from agents.sim.workload import (
     identity_phy2log,
     step_time_s,
 )
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import WireError, decode_array, encode_array
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import WireError, decode_array, encode_array
 
 log = logging.getLogger(__name__)
 

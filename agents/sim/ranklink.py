@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import grpc
 
-from agents.backoff import Backoff
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire import moeplane_pb2_grpc as pb_grpc
+from moeplane.agents.backoff import Backoff
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controlplane.balancing import placement
+from moeplane.controlplane.balancing import placement
 
 
 @dataclass(frozen=True)

@@ -6,17 +6,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.engine import Engine
 
-from controlplane.api.history import router as history_router
-from controlplane.api.metrics import router as metrics_router
-from controlplane.api.offload import router as offload_router
-from controlplane.api.plans import default_router as default_policy_router
-from controlplane.api.plans import router as plans_router
-from controlplane.api.routes import router
-from controlplane.api.tokens import router as tokens_router
-from controlplane.auth.http import AUTH_RESPONSES, AuthDep, document_security
-from controlplane.store.offload import DecisionConflict
-from controlplane.store.plans import PlanConflict
-from controlplane.store.queries import NotFound
+from moeplane.controlplane.api.history import router as history_router
+from moeplane.controlplane.api.metrics import router as metrics_router
+from moeplane.controlplane.api.offload import router as offload_router
+from moeplane.controlplane.api.plans import default_router as default_policy_router
+from moeplane.controlplane.api.plans import router as plans_router
+from moeplane.controlplane.api.routes import router
+from moeplane.controlplane.api.tokens import router as tokens_router
+from moeplane.controlplane.auth.http import AUTH_RESPONSES, AuthDep, document_security
+from moeplane.controlplane.store.offload import DecisionConflict
+from moeplane.controlplane.store.plans import PlanConflict
+from moeplane.controlplane.store.queries import NotFound
 
 
 def create_api(engine: Engine, **state) -> FastAPI:

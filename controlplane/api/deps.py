@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Query, Request
 from sqlalchemy.engine import Engine
 
-from controlplane.store.queries import MAX_LIMIT, Range
+from moeplane.controlplane.store.queries import MAX_LIMIT, Range
 
 
 def get_engine(request: Request) -> Engine:

@@ -1,7 +1,7 @@
 """History router: aggregated queries over any time or step range, as JSON or CSV.
 
 Every series is bucketed (``bucket_s``, default: at most 500 buckets over the range) and read
-from the coarsest downsampled tier that fits, else raw (see controlplane.store.history).
+from the coarsest downsampled tier that fits, else raw (see moeplane.controlplane.store.history).
 Pages hold at most ``limit`` buckets; pass ``next_start`` as ``start`` for the next page.
 """
 
@@ -18,15 +18,15 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from controlplane.api.deps import EngineDep
-from controlplane.api.plans import PlanSummary
-from controlplane.api.routes import BAD, NOT_FOUND, JobId
-from controlplane.retention import RetentionPolicy
-from controlplane.store import history as H
-from controlplane.store import load_history as LH
-from controlplane.store import plans as P
-from controlplane.store import tables as t
-from controlplane.store.queries import NotFound, require_job
+from moeplane.controlplane.api.deps import EngineDep
+from moeplane.controlplane.api.plans import PlanSummary
+from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
+from moeplane.controlplane.retention import RetentionPolicy
+from moeplane.controlplane.store import history as H
+from moeplane.controlplane.store import load_history as LH
+from moeplane.controlplane.store import plans as P
+from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store.queries import NotFound, require_job
 
 router = APIRouter(prefix="/api/v1/history", tags=["history"])
 CSV = {200: {"content": {"text/csv": {"schema": {"type": "string"}}},

@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from controlplane.store import queries as q
-from controlplane.store import tables as t
+from moeplane.controlplane.store import queries as q
+from moeplane.controlplane.store import tables as t
 
 router = APIRouter(tags=["metrics"])
 
@@ -77,8 +77,8 @@ class ClusterCollector:
         yield from (util, used, total)
 
     def _jobs(self, engine):
-        from controlplane.balancing import balancedness
-        from controlplane.store.load_history import placements
+        from moeplane.controlplane.balancing import balancedness
+        from moeplane.controlplane.store.load_history import placements
 
         step = GaugeMetricFamily("moeplane_job_latest_step", "newest step with expert loads", labels=["job_id"])
         hb_mean = GaugeMetricFamily("moeplane_job_host_bound_ratio", "mean host-bound ratio over ranks, newest step",

@@ -8,13 +8,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Path, Query, Request
 from pydantic import BaseModel, Field
 
-from controlplane.api.deps import EngineDep
-from controlplane.api.routes import BAD, NOT_FOUND, JobId
-from controlplane.api.schemas import ErrorBody
-from controlplane.controller import offload as controller
-from controlplane.store import memory_profiles as M
-from controlplane.store import offload as O
-from controlplane.store import queries as q
+from moeplane.controlplane.api.deps import EngineDep
+from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
+from moeplane.controlplane.api.schemas import ErrorBody
+from moeplane.controlplane.controller import offload as controller
+from moeplane.controlplane.store import memory_profiles as M
+from moeplane.controlplane.store import offload as O
+from moeplane.controlplane.store import queries as q
 
 router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["offload"])
 CONFLICT = {409: {"model": ErrorBody, "description": "the decision's state does not allow this"}}

@@ -12,14 +12,14 @@ from fastapi import APIRouter, Body, Path, Query, Request
 from pydantic import BaseModel, Field, StrictInt
 from sqlalchemy.engine import Engine
 
-from controlplane.api.deps import EngineDep
-from controlplane.api.routes import BAD, NOT_FOUND, JobId
-from controlplane.api.schemas import ErrorBody
-from controlplane.balancing import count_moves, plan_placement
-from controlplane.balancing.validate import check_placement
-from controlplane.controller import runner
-from controlplane.store import plans as P
-from controlplane.store import queries as q
+from moeplane.controlplane.api.deps import EngineDep
+from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
+from moeplane.controlplane.api.schemas import ErrorBody
+from moeplane.controlplane.balancing import count_moves, plan_placement
+from moeplane.controlplane.balancing.validate import check_placement
+from moeplane.controlplane.controller import runner
+from moeplane.controlplane.store import plans as P
+from moeplane.controlplane.store import queries as q
 
 router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["plans"])
 CONFLICT = {409: {"model": ErrorBody, "description": "the plan's state does not allow this"}}
@@ -232,7 +232,7 @@ async def dry_run(job_id: JobId, engine: EngineDep, body: Annotated[DryRunReques
             current=current if body.incremental else None,
             max_moves=body.max_moves if body.incremental else None, search=body.search,
         )
-        from controlplane.balancing import balancedness, count_moves
+        from moeplane.controlplane.balancing import balancedness, count_moves
 
         return {
             "balancedness_before": balancedness(loads, current, world),

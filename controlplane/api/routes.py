@@ -7,8 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel
 
-from controlplane.api.deps import EngineDep, RangeDep
-from controlplane.api.schemas import (
+from moeplane.controlplane.api.deps import EngineDep, RangeDep
+from moeplane.controlplane.api.schemas import (
     Device,
     DeviceLatest,
     ErrorBody,
@@ -19,8 +19,8 @@ from controlplane.api.schemas import (
     Sample,
     StepStat,
 )
-from controlplane.auth.http import role_extra
-from controlplane.store import queries as q
+from moeplane.controlplane.auth.http import role_extra
+from moeplane.controlplane.store import queries as q
 
 NOT_FOUND = {404: {"model": ErrorBody, "description": "no such job, device or metric"}}
 

@@ -8,9 +8,9 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 
-from controlplane.api.routes import BAD, NOT_FOUND
-from controlplane.auth.http import role_extra
-from controlplane.auth.tokens import Role, TokenStore
+from moeplane.controlplane.api.routes import BAD, NOT_FOUND
+from moeplane.controlplane.auth.http import role_extra
+from moeplane.controlplane.auth.tokens import Role, TokenStore
 
 router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
 ADMIN = role_extra(Role.ADMIN)

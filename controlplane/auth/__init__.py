@@ -4,6 +4,6 @@ Tokens are random secrets shown once; only their sha256 is stored. Every check r
 store, so a revoked token stops working on the next request.
 """
 
-from controlplane.auth.tokens import Principal, Role, TokenStore
+from moeplane.controlplane.auth.tokens import Principal, Role, TokenStore
 
 __all__ = ["Principal", "Role", "TokenStore"]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from http.cookies import SimpleCookie
 from urllib.parse import parse_qsl, urlencode
 
-from controlplane.auth.tokens import Role, TokenStore, bearer
+from moeplane.controlplane.auth.tokens import Role, TokenStore, bearer
 
 COOKIE = "moeplane_token"
 ROLE_HEADER = b"x-moeplane-role"

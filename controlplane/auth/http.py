@@ -14,8 +14,8 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from controlplane.api.schemas import ErrorBody
-from controlplane.auth.tokens import Principal, Role
+from moeplane.controlplane.api.schemas import ErrorBody
+from moeplane.controlplane.auth.tokens import Principal, Role
 
 ROLE_KEY = "x-min-role"
 PUBLIC = "public"

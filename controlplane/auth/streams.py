@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import grpc
 
-from controlplane.auth.tokens import Principal, Role, TokenStore, bearer
+from moeplane.controlplane.auth.tokens import Principal, Role, TokenStore, bearer
 
 
 class IngestDenied(Exception):

@@ -17,8 +17,8 @@ from enum import StrEnum
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from controlplane.store import tables as t
-from controlplane.store.queries import NotFound
+from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store.queries import NotFound
 
 PREFIX = "mp_"
 _INFO = sa.select(*[c for c in t.api_tokens.c if c.name != "token_hash"])  # a token without its hash

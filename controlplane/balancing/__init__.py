@@ -5,8 +5,8 @@ forecasters in ``prediction``, and helpers ``balancedness`` / ``gpu_loads`` /
 ``count_moves`` / ``eplb_greedy`` (the reference policy).
 """
 
-from controlplane.balancing.eplb import eplb_greedy
-from controlplane.balancing.placement import (
+from moeplane.controlplane.balancing.eplb import eplb_greedy
+from moeplane.controlplane.balancing.placement import (
     balancedness,
     count_moves,
     gpu_expert_counts,
@@ -15,8 +15,8 @@ from controlplane.balancing.placement import (
     layer_balancedness,
     replica_counts,
 )
-from controlplane.balancing.planner import SEARCHES, Plan, fresh_placement, plan_placement
-from controlplane.balancing.prediction import (
+from moeplane.controlplane.balancing.planner import SEARCHES, Plan, fresh_placement, plan_placement
+from moeplane.controlplane.balancing.prediction import (
     FORECASTERS,
     choose_forecaster,
     ema_forecast,

@@ -25,19 +25,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controlplane.balancing.eplb import eplb_greedy
-from controlplane.balancing.placement import (
+from moeplane.controlplane.balancing.eplb import eplb_greedy
+from moeplane.controlplane.balancing.placement import (
     gpu_loads,
     identity_placement,
     layer_balancedness,
     match_gpus,
     replica_counts,
 )
-from controlplane.balancing.repair import repair_search
-from controlplane.balancing.search import local_search
-from controlplane.balancing.selection import select_budget, select_mean
-from controlplane.balancing.transfers import plan_transfers
-from controlplane.balancing.validate import check_count, check_loads, check_placement
+from moeplane.controlplane.balancing.repair import repair_search
+from moeplane.controlplane.balancing.search import local_search
+from moeplane.controlplane.balancing.selection import select_budget, select_mean
+from moeplane.controlplane.balancing.transfers import plan_transfers
+from moeplane.controlplane.balancing.validate import check_count, check_loads, check_placement
 
 __all__ = ["SEARCHES", "Plan", "fresh_placement", "plan_placement", "runs_repair"]
 

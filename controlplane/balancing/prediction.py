@@ -14,7 +14,7 @@ from collections import deque
 
 import numpy as np
 
-from controlplane.balancing.validate import check_count
+from moeplane.controlplane.balancing.validate import check_count
 
 __all__ = [
     "FORECASTERS",

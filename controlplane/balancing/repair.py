@@ -50,8 +50,8 @@ import tempfile
 
 import numpy as np
 
-from controlplane.balancing.placement import gpu_expert_counts
-from controlplane.balancing.search import RECEIVE_SMOOTH, Trajectory, node_holdings
+from moeplane.controlplane.balancing.placement import gpu_expert_counts
+from moeplane.controlplane.balancing.search import RECEIVE_SMOOTH, Trajectory, node_holdings
 
 __all__ = ["repair_search"]
 
@@ -106,7 +106,7 @@ def repair_search(
 
 def _kernel():
     """``repair_kernel.repair_layers``, imported on first use: numba (and LLVM) load only in
-    a process that plans incrementally, not in every importer of ``controlplane.balancing``
+    a process that plans incrementally, not in every importer of ``moeplane.controlplane.balancing``
     (the training SDK, the simulator).
 
     numba refuses to compile a cached function when it can write neither next to the source
@@ -119,7 +119,7 @@ def _kernel():
                 or _writable(os.path.join(os.path.expanduser("~"), ".cache", "numba"))):
             os.environ["NUMBA_CACHE_DIR"] = os.path.join(
                 tempfile.gettempdir(), f"moeplane-numba-{os.getuid()}")
-    from controlplane.balancing.repair_kernel import repair_layers
+    from moeplane.controlplane.balancing.repair_kernel import repair_layers
 
     return repair_layers
 

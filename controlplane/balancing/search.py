@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controlplane.balancing.costs import CostTables, use_tables
-from controlplane.balancing.placement import gpu_expert_counts, replica_counts, take_rows
-from controlplane.balancing.selection import select_mean_slope
-from controlplane.balancing.steps import best_steps, extra_swaps
+from moeplane.controlplane.balancing.costs import CostTables, use_tables
+from moeplane.controlplane.balancing.placement import gpu_expert_counts, replica_counts, take_rows
+from moeplane.controlplane.balancing.selection import select_mean_slope
+from moeplane.controlplane.balancing.steps import best_steps, extra_swaps
 
 __all__ = ["RECEIVE_SMOOTH", "Trajectory", "local_search"]
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from controlplane.balancing.costs import GAIN, LOSE, pair_cost
-from controlplane.balancing.placement import take_rows
+from moeplane.controlplane.balancing.costs import GAIN, LOSE, pair_cost
+from moeplane.controlplane.balancing.placement import take_rows
 
 __all__ = ["best_steps", "extra_swaps"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from controlplane.balancing.placement import gpu_expert_counts
+from moeplane.controlplane.balancing.placement import gpu_expert_counts
 
 __all__ = ["plan_transfers"]
 

@@ -6,7 +6,7 @@ import asyncio
 from collections import defaultdict
 from collections.abc import AsyncIterator
 
-from controlplane.bus.base import Bus, Subscription
+from moeplane.controlplane.bus.base import Bus, Subscription
 
 _CLOSED = object()
 

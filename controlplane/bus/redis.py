@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 
-from controlplane.bus.base import Bus, Subscription
+from moeplane.controlplane.bus.base import Bus, Subscription
 
 
 class _RedisSubscription(Subscription):

@@ -70,9 +70,9 @@ def run(args: argparse.Namespace) -> int:
     import zlib
     from pathlib import Path
 
-    from agents.collectors import make_collector
-    from agents.runtime import Agent, AgentOptions
-    from agents.uplink import UplinkOptions
+    from moeplane.agents.collectors import make_collector
+    from moeplane.agents.runtime import Agent, AgentOptions
+    from moeplane.agents.uplink import UplinkOptions
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controlplane.cli.serve import add_store_args
+from moeplane.controlplane.cli.serve import add_store_args
 
 
 def register(sub) -> None:
@@ -14,8 +14,8 @@ def register(sub) -> None:
 
 
 def main(args) -> int:
-    from controlplane.cli.serve import settings_from
-    from controlplane.store import migrate
+    from moeplane.controlplane.cli.serve import settings_from
+    from moeplane.controlplane.store import migrate
 
     url = settings_from(args).database_url
     if args.action == "upgrade":

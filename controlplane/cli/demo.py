@@ -28,6 +28,6 @@ def register(sub) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from controlplane.demo import Demo
+    from moeplane.controlplane.demo import Demo
 
     return Demo(args).run()

@@ -42,9 +42,9 @@ def main(args: argparse.Namespace) -> int:
     import json
     import sys
 
-    from controlplane.loadgen.config import LoadgenConfig
-    from controlplane.loadgen.runner import run
-    from controlplane.loadgen.stats import summary
+    from moeplane.controlplane.loadgen.config import LoadgenConfig
+    from moeplane.controlplane.loadgen.runner import run
+    from moeplane.controlplane.loadgen.stats import summary
 
     try:
         cfg = LoadgenConfig(

@@ -31,9 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMAND_MODULES:
         try:
-            module = importlib.import_module(f"controlplane.cli.{name}")
+            module = importlib.import_module(f"moeplane.controlplane.cli.{name}")
         except ModuleNotFoundError as exc:
-            if exc.name == f"controlplane.cli.{name}":
+            if exc.name == f"moeplane.controlplane.cli.{name}":
                 continue  # subcommand not built yet
             raise
         module.register(sub)

@@ -72,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from controlplane.balancing import plan_placement
-    from controlplane.balancing.planner import runs_repair
+    from moeplane.controlplane.balancing import plan_placement
+    from moeplane.controlplane.balancing.planner import runs_repair
 
     try:
         loads = _load_npy(args.loads, "--loads")
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         if runs_repair(current is not None, args.max_moves, args.search):
             # load the compiled kernel (numba's cache; compiled the first time on a machine)
             # before the clock starts: like an import, it is not part of planning
-            from controlplane.balancing.repair import warm_up
+            from moeplane.controlplane.balancing.repair import warm_up
 
             warm_up()
         start = time.perf_counter()

@@ -30,7 +30,7 @@ def register(sub) -> None:
 
 
 def settings_from(args):
-    from controlplane.settings import Settings
+    from moeplane.controlplane.settings import Settings
 
     given = {
         k: v
@@ -41,6 +41,6 @@ def settings_from(args):
 
 
 def main(args) -> int:
-    from controlplane.server import run
+    from moeplane.controlplane.server import run
 
     return run(settings_from(args))

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     import logging
     import signal
 
-    from agents.sim.job import JobOptions, SimulatedJob
+    from moeplane.agents.sim.job import JobOptions, SimulatedJob
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from controlplane.cli.serve import add_store_args
+from moeplane.controlplane.cli.serve import add_store_args
 
 
 def register(sub) -> None:
@@ -28,11 +28,11 @@ def register(sub) -> None:
 
 
 def main(args) -> int:
-    from controlplane.auth.tokens import Role, TokenStore
-    from controlplane.cli.serve import settings_from
-    from controlplane.store.engine import make_engine
-    from controlplane.store.migrate import upgrade
-    from controlplane.store.queries import NotFound
+    from moeplane.controlplane.auth.tokens import Role, TokenStore
+    from moeplane.controlplane.cli.serve import settings_from
+    from moeplane.controlplane.store.engine import make_engine
+    from moeplane.controlplane.store.migrate import upgrade
+    from moeplane.controlplane.store.queries import NotFound
 
     url = settings_from(args).database_url
     upgrade(url)

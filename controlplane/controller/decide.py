@@ -19,14 +19,14 @@ from enum import StrEnum
 
 import numpy as np
 
-from controlplane.balancing import (
+from moeplane.controlplane.balancing import (
     balancedness,
     count_moves,
     gpu_loads,
     layer_balancedness,
     plan_placement,
 )
-from controlplane.controller.policy import RebalancePolicy
+from moeplane.controlplane.controller.policy import RebalancePolicy
 
 
 class Action(StrEnum):

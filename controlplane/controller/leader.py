@@ -15,8 +15,8 @@ import time
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from controlplane.store import tables as t
-from controlplane.store.writes import upsert
+from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store.writes import upsert
 
 
 def lock_key(job_id: str) -> int:

@@ -11,7 +11,7 @@ import time
 
 from sqlalchemy.engine import Engine
 
-from controlplane.controller.leader import Leadership
+from moeplane.controlplane.controller.leader import Leadership
 
 log = logging.getLogger(__name__)
 

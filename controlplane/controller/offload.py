@@ -30,15 +30,21 @@ import time
 
 from sqlalchemy.engine import Engine
 
-from controlplane.controller.leader import Leadership
-from controlplane.controller.loop import ReconcileLoop
-from controlplane.controller.policy import Mode
-from controlplane.ingest.memory import decision_message, device_memory
-from controlplane.memory import InputError, NodeMemory, OffloadDecision, Verdict, decide_offload
-from controlplane.store import memory_profiles as M
-from controlplane.store import offload as O
-from controlplane.store import queries as q
-from controlplane.store.lifecycle import Fenced
+from moeplane.controlplane.controller.leader import Leadership
+from moeplane.controlplane.controller.loop import ReconcileLoop
+from moeplane.controlplane.controller.policy import Mode
+from moeplane.controlplane.ingest.memory import decision_message, device_memory
+from moeplane.controlplane.memory import (
+    InputError,
+    NodeMemory,
+    OffloadDecision,
+    Verdict,
+    decide_offload,
+)
+from moeplane.controlplane.store import memory_profiles as M
+from moeplane.controlplane.store import offload as O
+from moeplane.controlplane.store import queries as q
+from moeplane.controlplane.store.lifecycle import Fenced
 
 log = logging.getLogger(__name__)
 

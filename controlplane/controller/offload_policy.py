@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
-from controlplane.controller.policy import Mode
-from controlplane.memory import WatermarkPolicy
+from moeplane.controlplane.controller.policy import Mode
+from moeplane.controlplane.memory import WatermarkPolicy
 
 
 @dataclass(frozen=True)

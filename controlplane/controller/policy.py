@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 
-from controlplane.balancing import SEARCHES
+from moeplane.controlplane.balancing import SEARCHES
 
 
 class Mode(StrEnum):

@@ -16,16 +16,16 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from controlplane.balancing import balancedness, identity_placement
-from controlplane.controller.decide import Action, decide
-from controlplane.controller.leader import Leadership
-from controlplane.controller.loop import ReconcileLoop
-from controlplane.controller.policy import Mode
-from controlplane.store import plans as P
-from controlplane.store import queries as q
-from controlplane.store import tables as t
-from controlplane.store.lifecycle import Fenced
-from controlplane.wire.plan_codec import full_plan
+from moeplane.controlplane.balancing import balancedness, identity_placement
+from moeplane.controlplane.controller.decide import Action, decide
+from moeplane.controlplane.controller.leader import Leadership
+from moeplane.controlplane.controller.loop import ReconcileLoop
+from moeplane.controlplane.controller.policy import Mode
+from moeplane.controlplane.store import plans as P
+from moeplane.controlplane.store import queries as q
+from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store.lifecycle import Fenced
+from moeplane.controlplane.wire.plan_codec import full_plan
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
-from controlplane.store.records import LoadsRecord, SamplesRecord, SequencedRecord
+from moeplane.controlplane.store.records import LoadsRecord, SamplesRecord, SequencedRecord
 
 log = logging.getLogger(__name__)
 

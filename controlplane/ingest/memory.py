@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from controlplane.ingest.validate import check_id, check_time
-from controlplane.memory import (
+from moeplane.controlplane.ingest.validate import check_id, check_time
+from moeplane.controlplane.memory import (
     ActionKind,
     AppliedAction,
     DeviceMemory,
@@ -28,11 +28,11 @@ from controlplane.memory import (
     NodeMemory,
     WatermarkPolicy,
 )
-from controlplane.memory.model import build_profile, plan_from_applied
-from controlplane.memory.validation import validate
-from controlplane.store.memory_profiles import NodeMemoryRecord, ProfileRecord
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import WireError
+from moeplane.controlplane.memory.model import build_profile, plan_from_applied
+from moeplane.controlplane.memory.validation import validate
+from moeplane.controlplane.store.memory_profiles import NodeMemoryRecord, ProfileRecord
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import WireError
 
 MAX_LAYERS = 4096
 MAX_NAME = 256

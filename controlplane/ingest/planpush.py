@@ -9,7 +9,7 @@ changed slots) against the plan of this job that the replica saw before it. Each
 agent holds exactly that one — and gets the delta when that is the delta's base, else the full
 plan: a new stream, a reconnect, the running plan sent at connect, a stream that missed the base,
 or a stream whose agent reported a plan FAILED. ``add_ingest_to_server`` lets the shared bytes
-pass through gRPC untouched. See ``controlplane.wire.plan_codec`` for the wire contract.
+pass through gRPC untouched. See ``moeplane.controlplane.wire.plan_codec`` for the wire contract.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy.engine import Engine
 
-from controlplane.controller.runner import plan_message
-from controlplane.ingest.following import SharedChannels
-from controlplane.store import plans
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.framing import length_delimited
-from controlplane.wire.plan_codec import decode_full, delta_plan
+from moeplane.controlplane.controller.runner import plan_message
+from moeplane.controlplane.ingest.following import SharedChannels
+from moeplane.controlplane.store import plans
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.framing import length_delimited
+from moeplane.controlplane.wire.plan_codec import decode_full, delta_plan
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from sqlalchemy.engine import Engine
 
-from controlplane.store import plans
+from moeplane.controlplane.store import plans
 
 Report = tuple[str, str, int, str]  # (node_id, state, step, error)
 

@@ -20,21 +20,21 @@ from collections.abc import Callable
 
 import grpc
 
-from controlplane.auth.streams import IngestDenied, authenticate_stream, check_node
-from controlplane.auth.tokens import Principal, TokenStore
-from controlplane.ingest import memory as m
-from controlplane.ingest import planpush, planreports
-from controlplane.ingest import validate as v
-from controlplane.ingest.batcher import Batcher
-from controlplane.ingest.following import SharedChannels
-from controlplane.store import memory_profiles, offload
-from controlplane.store.queries import NotFound
-from controlplane.store.records import MarkerRecord
-from controlplane.store.writes import StoreWriter
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire import moeplane_pb2_grpc as rpc
-from controlplane.wire.arrays import WireError
-from controlplane.wire.framing import length_delimited, varint
+from moeplane.controlplane.auth.streams import IngestDenied, authenticate_stream, check_node
+from moeplane.controlplane.auth.tokens import Principal, TokenStore
+from moeplane.controlplane.ingest import memory as m
+from moeplane.controlplane.ingest import planpush, planreports
+from moeplane.controlplane.ingest import validate as v
+from moeplane.controlplane.ingest.batcher import Batcher
+from moeplane.controlplane.ingest.following import SharedChannels
+from moeplane.controlplane.store import memory_profiles, offload
+from moeplane.controlplane.store.queries import NotFound
+from moeplane.controlplane.store.records import MarkerRecord
+from moeplane.controlplane.store.writes import StoreWriter
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2_grpc as rpc
+from moeplane.controlplane.wire.arrays import WireError
+from moeplane.controlplane.wire.framing import length_delimited, varint
 
 log = logging.getLogger(__name__)
 

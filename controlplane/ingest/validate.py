@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controlplane.store.records import (
+from moeplane.controlplane.store.records import (
     DeviceRecord,
     HelloRecord,
     JobRecord,
@@ -22,8 +22,8 @@ from controlplane.store.records import (
     SamplesRecord,
     StepStatsRecord,
 )
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import WireError, decode_array
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import WireError, decode_array
 
 MAX_ID = 128
 MAX_DEVICES = 4096

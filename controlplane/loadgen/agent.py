@@ -21,13 +21,13 @@ from collections.abc import Callable
 import grpc
 import numpy as np
 
-from controlplane.loadgen import messages as m
-from controlplane.loadgen.config import LoadgenConfig
-from controlplane.loadgen.stats import Stats
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire import moeplane_pb2_grpc as rpc
-from controlplane.wire.arrays import WireError
-from controlplane.wire.plan_codec import PlanReceiver
+from moeplane.controlplane.loadgen import messages as m
+from moeplane.controlplane.loadgen.config import LoadgenConfig
+from moeplane.controlplane.loadgen.stats import Stats
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2_grpc as rpc
+from moeplane.controlplane.wire.arrays import WireError
+from moeplane.controlplane.wire.plan_codec import PlanReceiver
 
 DRAIN_S = 15.0
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from controlplane.loadgen.config import LoadgenConfig
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import encode_array
+from moeplane.controlplane.loadgen.config import LoadgenConfig
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import encode_array
 
 POOL = 8
 METRIC_PREFIX = "lg_metric_"

@@ -16,10 +16,10 @@ import time
 
 import grpc
 
-from controlplane.loadgen import messages as m
-from controlplane.loadgen.agent import EmulatedAgent
-from controlplane.loadgen.config import LoadgenConfig
-from controlplane.loadgen.stats import Stats, merge
+from moeplane.controlplane.loadgen import messages as m
+from moeplane.controlplane.loadgen.agent import EmulatedAgent
+from moeplane.controlplane.loadgen.config import LoadgenConfig
+from moeplane.controlplane.loadgen.stats import Stats, merge
 
 MAX_MESSAGE = 64 * 1024 * 1024
 START_MARGIN_S = 1.0

@@ -2,11 +2,11 @@
 
 Pure decision code: snapshots in (:class:`DeviceMemory`, :class:`NodeMemory`,
 :class:`WatermarkPolicy`), decisions out (:class:`OffloadDecision`), no I/O. The cost model
-is in :mod:`controlplane.memory.model`, the search in :mod:`controlplane.memory.search`.
+is in :mod:`moeplane.controlplane.memory.model`, the search in :mod:`moeplane.controlplane.memory.search`.
 """
 
-from controlplane.memory.engine import decide_offload
-from controlplane.memory.types import (
+from moeplane.controlplane.memory.engine import decide_offload
+from moeplane.controlplane.memory.types import (
     Action,
     ActionKind,
     AppliedAction,

@@ -1,9 +1,9 @@
 """``decide_offload``: the entry point of the memory-offload decision engine.
 
 Per device, with ``high`` and ``low`` the watermarks in bytes and ``peak_now`` the predicted
-peak with the actions applied now (see :mod:`controlplane.memory.model`):
+peak with the actions applied now (see :mod:`moeplane.controlplane.memory.model`):
 
-- ``peak_now > high``: APPLY the cheapest plan found (:mod:`controlplane.memory.search`) that
+- ``peak_now > high``: APPLY the cheapest plan found (:mod:`moeplane.controlplane.memory.search`) that
   brings the peak to ``<= high``, or CANNOT_MEET with the reason;
 - ``low <= peak_now <= high``: KEEP (the band between the watermarks stops flapping);
 - ``peak_now < low``: RELAX: the cheapest plan under ``high``, which undoes the applied
@@ -25,14 +25,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controlplane.memory.model import Plan, Profile, build_profile, plan_from_applied
-from controlplane.memory.search import (
+from moeplane.controlplane.memory.model import Plan, Profile, build_profile, plan_from_applied
+from moeplane.controlplane.memory.search import (
     SearchResult,
     recompute_everything,
     search,
     swap_everything,
 )
-from controlplane.memory.types import (
+from moeplane.controlplane.memory.types import (
     Action,
     ActionKind,
     DeviceMemory,
@@ -42,7 +42,7 @@ from controlplane.memory.types import (
     Verdict,
     WatermarkPolicy,
 )
-from controlplane.memory.validation import validate
+from moeplane.controlplane.memory.validation import validate
 
 PRICE_HIGH = 1.0  # seconds per host byte: above any overhead a byte of host memory can save
 PRICE_LOW = 1e-18

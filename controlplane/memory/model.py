@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.memory.types import ActionKind, AppliedAction, DeviceMemory
+from moeplane.controlplane.memory.types import ActionKind, AppliedAction, DeviceMemory
 
 NONE, SWAP, RECOMPUTE = 0, 1, 2
 CHOICE_KIND = {SWAP: ActionKind.SWAP_ACTIVATIONS, RECOMPUTE: ActionKind.RECOMPUTE}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.memory.model import NONE, RECOMPUTE, SWAP, Plan, Profile
+from moeplane.controlplane.memory.model import NONE, RECOMPUTE, SWAP, Plan, Profile
 
 NEG = float("-inf")
 EPS = 1e-12

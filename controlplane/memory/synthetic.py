@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controlplane.memory.types import DeviceMemory, LayerMemory
+from moeplane.controlplane.memory.types import DeviceMemory, LayerMemory
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Units: bytes are Python ``int`` (exact, never rounded), times are ``float`` seconds,
 bandwidth is bytes per second. Layers are listed in forward order (index 0 runs first).
-Nothing here validates; :mod:`controlplane.memory.validation` does that at the entry point.
+Nothing here validates; :mod:`moeplane.controlplane.memory.validation` does that at the entry point.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from controlplane.memory.types import (
+from moeplane.controlplane.memory.types import (
     ActionKind,
     AppliedAction,
     DeviceMemory,

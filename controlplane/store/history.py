@@ -19,10 +19,10 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from controlplane.retention import RetentionPolicy
-from controlplane.store import tables as t
-from controlplane.store import tiers
-from controlplane.store.queries import NotFound, job_row
+from moeplane.controlplane.retention import RetentionPolicy
+from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store import tiers
+from moeplane.controlplane.store.queries import NotFound, job_row
 
 NICE_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
                 43200, 86400, 604800)

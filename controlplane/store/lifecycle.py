@@ -9,7 +9,7 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from controlplane.store import tables as t
+from moeplane.controlplane.store import tables as t
 
 
 class Fenced(Exception):

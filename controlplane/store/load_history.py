@@ -16,11 +16,11 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from controlplane.balancing.placement import gpu_loads
-from controlplane.store import tables as t
-from controlplane.store import tiers
-from controlplane.store.history import Window, _header, _mark, _split
-from controlplane.store.queries import job_row
+from moeplane.controlplane.balancing.placement import gpu_loads
+from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store import tiers
+from moeplane.controlplane.store.history import Window, _header, _mark, _split
+from moeplane.controlplane.store.queries import job_row
 
 VIEWS = ("matrix", "layer", "expert", "ranks")
 AGGS = ("mean", "max", "p95")
@@ -28,7 +28,7 @@ AGGS = ("mean", "max", "p95")
 
 def placements(engine: Engine, job: dict) -> tuple[list[tuple[int, np.ndarray]], np.ndarray | None, int | None]:
     """([(applied_step, phy2log)] ascending, identity placement or None, world size or None)."""
-    from controlplane.controller.runner import geometry, identity
+    from moeplane.controlplane.controller.runner import geometry, identity
 
     p = t.plans.c
     with engine.connect() as conn:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from controlplane.store import offload as O
-from controlplane.store import tables as t
-from controlplane.store.writes import upsert
+from moeplane.controlplane.store import offload as O
+from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store.writes import upsert
 
 
 @dataclass(frozen=True)

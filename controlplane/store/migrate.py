@@ -7,8 +7,8 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-import migrations
-from controlplane.store.engine import normalize_url
+from moeplane import migrations
+from moeplane.controlplane.store.engine import normalize_url
 
 MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
 
@@ -32,7 +32,7 @@ def downgrade(database_url: str, revision: str) -> None:
 def current(database_url: str) -> str | None:
     from alembic.runtime.migration import MigrationContext
 
-    from controlplane.store.engine import make_engine
+    from moeplane.controlplane.store.engine import make_engine
 
     engine = make_engine(database_url)
     try:

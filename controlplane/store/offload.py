@@ -17,12 +17,12 @@ from enum import StrEnum
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from controlplane.controller.offload_policy import OffloadPolicy
-from controlplane.store import tables as t
-from controlplane.store.lifecycle import check_term
-from controlplane.store.lifecycle import now as _now
-from controlplane.store.queries import NotFound
-from controlplane.store.writes import upsert
+from moeplane.controlplane.controller.offload_policy import OffloadPolicy
+from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store.lifecycle import check_term
+from moeplane.controlplane.store.lifecycle import now as _now
+from moeplane.controlplane.store.queries import NotFound
+from moeplane.controlplane.store.writes import upsert
 
 
 class OffloadStatus(StrEnum):

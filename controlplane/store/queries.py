@@ -13,7 +13,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from controlplane.store import tables as t
+from moeplane.controlplane.store import tables as t
 
 MAX_LIMIT = 10_000
 

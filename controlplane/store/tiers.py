@@ -21,9 +21,9 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from controlplane.store import tables as t
-from controlplane.store.bulk import dialect_insert
-from controlplane.store.writes import upsert
+from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store.bulk import dialect_insert
+from moeplane.controlplane.store.writes import upsert
 
 TIERS = (60, 3600)
 KINDS = ("samples", "steps", "loads")

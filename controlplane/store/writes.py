@@ -18,9 +18,9 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from controlplane.store import bulk
-from controlplane.store import tables as t
-from controlplane.store.records import (
+from moeplane.controlplane.store import bulk
+from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store.records import (
     HelloRecord,
     LoadsRecord,
     MarkerRecord,

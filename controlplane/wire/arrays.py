@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 
 ALLOWED_DTYPES = ("int32", "int64", "uint8", "uint16", "float32", "float64")
 _WIRE_DTYPES = {name: np.dtype(name).newbyteorder("<") for name in ALLOWED_DTYPES}  # by wire name

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from controlplane.wire import moeplane_pb2 as controlplane_dot_wire_dot_moeplane__pb2
+from moeplane.controlplane.wire import moeplane_pb2 as moeplane_dot_controlplane_dot_wire_dot_moeplane__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in controlplane/wire/moeplane_pb2_grpc.py depends on'
+        + ' but the generated code in moeplane/controlplane/wire/moeplane_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class IngestStub:
         """
         self.Connect = channel.stream_stream(
                 '/moeplane.v1.Ingest/Connect',
-                request_serializer=controlplane_dot_wire_dot_moeplane__pb2.AgentMessage.SerializeToString,
-                response_deserializer=controlplane_dot_wire_dot_moeplane__pb2.ControlMessage.FromString,
+                request_serializer=moeplane_dot_controlplane_dot_wire_dot_moeplane__pb2.AgentMessage.SerializeToString,
+                response_deserializer=moeplane_dot_controlplane_dot_wire_dot_moeplane__pb2.ControlMessage.FromString,
                 _registered_method=True)
 
 
@@ -55,8 +55,8 @@ def add_IngestServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Connect': grpc.stream_stream_rpc_method_handler(
                     servicer.Connect,
-                    request_deserializer=controlplane_dot_wire_dot_moeplane__pb2.AgentMessage.FromString,
-                    response_serializer=controlplane_dot_wire_dot_moeplane__pb2.ControlMessage.SerializeToString,
+                    request_deserializer=moeplane_dot_controlplane_dot_wire_dot_moeplane__pb2.AgentMessage.FromString,
+                    response_serializer=moeplane_dot_controlplane_dot_wire_dot_moeplane__pb2.ControlMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -84,8 +84,8 @@ class Ingest:
             request_iterator,
             target,
             '/moeplane.v1.Ingest/Connect',
-            controlplane_dot_wire_dot_moeplane__pb2.AgentMessage.SerializeToString,
-            controlplane_dot_wire_dot_moeplane__pb2.ControlMessage.FromString,
+            moeplane_dot_controlplane_dot_wire_dot_moeplane__pb2.AgentMessage.SerializeToString,
+            moeplane_dot_controlplane_dot_wire_dot_moeplane__pb2.ControlMessage.FromString,
             options,
             channel_credentials,
             insecure,
@@ -108,8 +108,8 @@ class NodeLocalStub:
         """
         self.Attach = channel.stream_stream(
                 '/moeplane.v1.NodeLocal/Attach',
-                request_serializer=controlplane_dot_wire_dot_moeplane__pb2.RankMessage.SerializeToString,
-                response_deserializer=controlplane_dot_wire_dot_moeplane__pb2.RankControl.FromString,
+                request_serializer=moeplane_dot_controlplane_dot_wire_dot_moeplane__pb2.RankMessage.SerializeToString,
+                response_deserializer=moeplane_dot_controlplane_dot_wire_dot_moeplane__pb2.RankControl.FromString,
                 _registered_method=True)
 
 
@@ -127,8 +127,8 @@ def add_NodeLocalServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Attach': grpc.stream_stream_rpc_method_handler(
                     servicer.Attach,
-                    request_deserializer=controlplane_dot_wire_dot_moeplane__pb2.RankMessage.FromString,
-                    response_serializer=controlplane_dot_wire_dot_moeplane__pb2.RankControl.SerializeToString,
+                    request_deserializer=moeplane_dot_controlplane_dot_wire_dot_moeplane__pb2.RankMessage.FromString,
+                    response_serializer=moeplane_dot_controlplane_dot_wire_dot_moeplane__pb2.RankControl.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -156,8 +156,8 @@ class NodeLocal:
             request_iterator,
             target,
             '/moeplane.v1.NodeLocal/Attach',
-            controlplane_dot_wire_dot_moeplane__pb2.RankMessage.SerializeToString,
-            controlplane_dot_wire_dot_moeplane__pb2.RankControl.FromString,
+            moeplane_dot_controlplane_dot_wire_dot_moeplane__pb2.RankMessage.SerializeToString,
+            moeplane_dot_controlplane_dot_wire_dot_moeplane__pb2.RankControl.FromString,
             options,
             channel_credentials,
             insecure,

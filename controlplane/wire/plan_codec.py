@@ -7,7 +7,7 @@ only the slots that changed against the plan of epoch ``base_epoch`` that the sa
 delivered last: ``changed_slots[K]`` (flat row-major indices into ``[L, G*S]``, strictly
 increasing) and ``changed_experts[K]``, so a plan that moves K slots costs O(K) bytes.
 
-The sender (``controlplane.ingest.planpush``) builds both variants once per published plan;
+The sender (``moeplane.controlplane.ingest.planpush``) builds both variants once per published plan;
 each receiver of ``Ingest.Connect`` keeps a :class:`PlanReceiver` per stream.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import WireError, decode_array, encode_array
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import WireError, decode_array, encode_array
 
 
 class UnknownBase(WireError):

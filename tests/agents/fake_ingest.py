@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire import moeplane_pb2_grpc as pb_grpc
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2_grpc as pb_grpc
 
 
 @dataclass

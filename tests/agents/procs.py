@@ -20,7 +20,7 @@ def start_agent(tmp_path: Path, port: int, node_id: str = "node-0", *extra: str,
                 env: dict[str, str] | None = None, host: str = "127.0.0.1") -> subprocess.Popen:
     log = open(tmp_path / f"agent-{node_id}.log", "ab")  # noqa: SIM115 - owned by the process
     cmd = [
-        sys.executable, "-m", "controlplane.cli.main", "agent", "--node-id", node_id,
+        sys.executable, "-m", "moeplane.controlplane.cli.main", "agent", "--node-id", node_id,
         "--server", f"{host}:{port}", "--collector", "sim", "--devices", "4",
         "--interval", str(interval), "--spool-dir", str(spool or tmp_path / f"spool-{node_id}"),
         "--local-socket", str(tmp_path / f"{node_id}.sock"), "--seed", "7", *extra,

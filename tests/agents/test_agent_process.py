@@ -7,8 +7,8 @@ import signal
 import numpy as np
 import pytest
 
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import decode_array, encode_array
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import decode_array, encode_array
 from tests.agents.fake_ingest import FakeIngest
 from tests.agents.procs import start_agent, stop
 from tests.conftest import free_port

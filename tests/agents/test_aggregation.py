@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agents.aggregation import RankReport, StepAggregator
+from moeplane.agents.aggregation import RankReport, StepAggregator
 
 
 def report(rank: int, value: int, ts: float = 0.0) -> RankReport:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.backoff import Backoff
+from moeplane.agents.backoff import Backoff
 
 
 def test_delays_grow_jittered_up_to_the_cap_and_reset():

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from controlplane.cli.agent import parse_ranks
+from moeplane.controlplane.cli.agent import parse_ranks
 
 
 def test_parse_ranks():
@@ -19,6 +19,6 @@ def test_parse_ranks():
 
 def test_simulate_refuses_top_k_above_experts():
     out = subprocess.run(
-        [sys.executable, "-m", "controlplane.cli.main", "simulate", "--job-id", "j",
+        [sys.executable, "-m", "moeplane.controlplane.cli.main", "simulate", "--job-id", "j",
          "--experts", "4", "--top-k", "8"], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "--top-k" in out.stderr

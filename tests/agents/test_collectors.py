@@ -5,12 +5,12 @@ import sys
 import numpy as np
 import pytest
 
-from agents import messages
-from agents import metrics as m
-from agents.collectors import make_collector
-from agents.collectors.host import HostCollector
-from agents.collectors.sim import SimCollector
-from controlplane.wire.arrays import decode_array
+from moeplane.agents import messages
+from moeplane.agents import metrics as m
+from moeplane.agents.collectors import make_collector
+from moeplane.agents.collectors.host import HostCollector
+from moeplane.agents.collectors.sim import SimCollector
+from moeplane.controlplane.wire.arrays import decode_array
 
 
 def column(c, values, name):
@@ -90,7 +90,7 @@ def test_make_collector_names_the_bad_choice():
 
 
 def test_auto_detection_prefers_nvml_then_npu_smi_then_host(tmp_path, monkeypatch):
-    from agents.collectors import detect
+    from moeplane.agents.collectors import detect
 
     monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVIDIA driver bindings here
     monkeypatch.setenv("PATH", str(tmp_path))

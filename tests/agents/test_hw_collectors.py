@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from agents import metrics as m
-from agents.collectors.ascend import (
+from moeplane.agents import metrics as m
+from moeplane.agents.collectors.ascend import (
     AscendCollector,
     NpuSmiParseError,
     parse_hccn_stat,
     parse_npu_smi_info,
 )
-from agents.collectors.nvml import NvmlCollector
+from moeplane.agents.collectors.nvml import NvmlCollector
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -9,9 +9,9 @@ import grpc
 import numpy as np
 import pytest
 
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire import moeplane_pb2_grpc as pb_grpc
-from controlplane.wire.arrays import decode_array, encode_array
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2_grpc as pb_grpc
+from moeplane.controlplane.wire.arrays import decode_array, encode_array
 
 JOB = pb.JobSpec(job_id="j1", layers=2, experts=4, top_k=1, world_size=2, slots_per_rank=2,
                  ranks_per_node=2)

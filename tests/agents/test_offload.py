@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agents.offload import OffloadRelay
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.agents.offload import OffloadRelay
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 from tests.agents.test_local_endpoint import Rank
 
 GIB = 1 << 30

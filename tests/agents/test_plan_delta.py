@@ -8,9 +8,9 @@ import grpc
 import httpx
 import numpy as np
 
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import decode_array
-from controlplane.wire.plan_codec import delta_plan, full_plan
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import decode_array
+from moeplane.controlplane.wire.plan_codec import delta_plan, full_plan
 from tests.agents.fake_ingest import FakeIngest
 from tests.agents.procs import start_agent, stop, wait_path
 from tests.agents.test_local_endpoint import Rank

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import decode_array, encode_array
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import decode_array, encode_array
 from tests.agents.test_local_endpoint import Rank
 
 

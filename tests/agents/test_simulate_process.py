@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import decode_array, encode_array
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import decode_array, encode_array
 from tests.agents.fake_ingest import FakeIngest
 from tests.agents.procs import start_agent, stop_all, track, wait_path
 from tests.conftest import free_port
@@ -27,7 +27,7 @@ def ingest():
 def start_simulate(tmp_path, *extra: str) -> subprocess.Popen:
     log = open(tmp_path / "simulate.log", "ab")  # noqa: SIM115
     return track(subprocess.Popen(
-        [sys.executable, "-m", "controlplane.cli.main", "simulate", "--job-id", "j1",
+        [sys.executable, "-m", "moeplane.controlplane.cli.main", "simulate", "--job-id", "j1",
          "--nodes", "2", "--gpus-per-node", str(G), "--layers", str(L), "--experts", str(E),
          "--top-k", str(K), "--tokens-per-step", str(TOKENS), "--step-time", "0.05",
          "--seed", "3", "--agent-socket-template", str(tmp_path / "{node}.sock"), *extra],

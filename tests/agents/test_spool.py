@@ -3,9 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agents import messages
-from agents.spool import Spool
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.agents import messages
+from moeplane.agents.spool import Spool
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 
 
 def sample_msg(ts: float) -> pb.AgentMessage:

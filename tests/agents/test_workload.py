@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agents.sim.workload import (
+from moeplane.agents.sim.workload import (
     ExpertLoadModel,
     WorkloadSpec,
     balancedness,

@@ -6,7 +6,7 @@ import asyncio
 
 import grpc
 
-from controlplane.wire import moeplane_pb2_grpc as rpc
+from moeplane.controlplane.wire import moeplane_pb2_grpc as rpc
 from tests.controlplane.agentclient import hello
 
 

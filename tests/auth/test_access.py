@@ -7,11 +7,11 @@ import grpc
 import httpx
 import pytest
 
-from controlplane.auth.tokens import Role, TokenStore
-from controlplane.controller.runner import identity
-from controlplane.server import serve
-from controlplane.settings import Settings
-from controlplane.store import plans as P
+from moeplane.controlplane.auth.tokens import Role, TokenStore
+from moeplane.controlplane.controller.runner import identity
+from moeplane.controlplane.server import serve
+from moeplane.controlplane.settings import Settings
+from moeplane.controlplane.store import plans as P
 from tests import aio
 from tests.auth.streams import first_reply
 from tests.controlplane.serverthread import running_server

@@ -8,10 +8,10 @@ import asyncio
 import httpx
 import pytest
 
-from controlplane.auth.dashboard import COOKIE, DashboardGate, Forbidden, require_operator
-from controlplane.auth.tokens import Role, TokenStore
-from controlplane.store.engine import make_engine
-from controlplane.store.migrate import upgrade
+from moeplane.controlplane.auth.dashboard import COOKIE, DashboardGate, Forbidden, require_operator
+from moeplane.controlplane.auth.tokens import Role, TokenStore
+from moeplane.controlplane.store.engine import make_engine
+from moeplane.controlplane.store.migrate import upgrade
 from tests.controlplane.serverthread import running_server
 
 

@@ -7,11 +7,11 @@ import hashlib
 import pytest
 import sqlalchemy as sa
 
-from controlplane.auth.tokens import Role, TokenStore, bearer
-from controlplane.store import tables as t
-from controlplane.store.engine import make_engine
-from controlplane.store.migrate import upgrade
-from controlplane.store.queries import NotFound
+from moeplane.controlplane.auth.tokens import Role, TokenStore, bearer
+from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store.engine import make_engine
+from moeplane.controlplane.store.migrate import upgrade
+from moeplane.controlplane.store.queries import NotFound
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controlplane.balancing import balancedness, count_moves, replica_counts
+from moeplane.controlplane.balancing import balancedness, count_moves, replica_counts
 
 MOEPLANE = str(Path(sys.executable).with_name("moeplane"))
 
@@ -62,7 +62,7 @@ def test_incremental_plan_respects_max_moves(tmp_path, loads_file):
 
 @pytest.mark.parametrize("search", ["relieve", "repair"])
 def test_incremental_plan_with_each_search_reaches_the_tolerance(tmp_path, search):
-    from controlplane.balancing import eplb_greedy
+    from moeplane.controlplane.balancing import eplb_greedy
 
     rng = np.random.default_rng(3)
     old = rng.lognormal(0, 1, size=(4, 16)) * 1000

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from controlplane.balancing.costs import GAIN, LOSE, CostTables, pair_cost
+from moeplane.controlplane.balancing.costs import GAIN, LOSE, CostTables, pair_cost
 
 
 @pytest.mark.parametrize("nodes", [1, 2, 4])

@@ -6,16 +6,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlplane.balancing import (
+from moeplane.controlplane.balancing import (
     count_moves,
     eplb_greedy,
     gpu_loads,
     layer_balancedness,
     plan_placement,
 )
-from controlplane.balancing.placement import match_gpus
-from controlplane.balancing.search import local_search
-from controlplane.balancing.selection import _segments, select_mean, select_mean_slope
+from moeplane.controlplane.balancing.placement import match_gpus
+from moeplane.controlplane.balancing.search import local_search
+from moeplane.controlplane.balancing.selection import _segments, select_mean, select_mean_slope
 
 
 def _gpu_sets(phy, gpus):

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from controlplane.balancing import (
+from moeplane.controlplane.balancing import (
     balancedness,
     count_moves,
     eplb_greedy,

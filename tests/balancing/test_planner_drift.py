@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from controlplane.balancing import balancedness, eplb_greedy, plan_placement
+from moeplane.controlplane.balancing import balancedness, eplb_greedy, plan_placement
 
 
 def drifted(layers=8, experts=64, gpus=8, slots=10, seed=3):

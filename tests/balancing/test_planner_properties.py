@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlplane.balancing import (
+from moeplane.controlplane.balancing import (
     balancedness,
     count_moves,
     eplb_greedy,

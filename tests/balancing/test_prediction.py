@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from controlplane.balancing import (
+from moeplane.controlplane.balancing import (
     FORECASTERS,
     choose_forecaster,
     ema_forecast,

@@ -7,14 +7,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlplane.balancing import (
+from moeplane.controlplane.balancing import (
     count_moves,
     eplb_greedy,
     gpu_loads,
     layer_balancedness,
     plan_placement,
 )
-from controlplane.balancing.repair import repair_search
+from moeplane.controlplane.balancing.repair import repair_search
 from tests.balancing.test_planner_properties import check_plan, problems
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -92,7 +92,7 @@ def test_counting_gpus_over_the_level_saves_moves(monkeypatch):
     """The potential's per-GPU count term (``_COUNT_WEIGHT``) buys fewer moves for the same
     goal than the excess alone, on a drifted simulator workload."""
     from benchmarks.planner_traces import workload_trace
-    from controlplane.balancing import repair
+    from moeplane.controlplane.balancing import repair
 
     gpus, slots = 32, 5
     trace = workload_trace(70, 8, 128, gpus=gpus, top_k=8, seed=1)

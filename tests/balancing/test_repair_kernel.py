@@ -7,8 +7,8 @@ import sys
 
 import numpy as np
 
-from controlplane.balancing.placement import gpu_expert_counts
-from controlplane.balancing.repair_kernel import _holders, _top
+from moeplane.controlplane.balancing.placement import gpu_expert_counts
+from moeplane.controlplane.balancing.repair_kernel import _holders, _top
 
 
 def test_top_k_is_largest_first_ties_to_the_lower_index_and_skips_minus_inf():
@@ -48,14 +48,14 @@ def _python(code: str) -> str:
 
 
 def test_importing_the_planner_does_not_load_numba():
-    """The training SDK and the simulator import ``controlplane.balancing``; only a process
+    """The training SDK and the simulator import ``moeplane.controlplane.balancing``; only a process
     that runs the repair search pays for numba and LLVM."""
-    assert _python("import sys, controlplane.balancing; print('numba' in sys.modules)") == "False"
+    assert _python("import sys, moeplane.controlplane.balancing; print('numba' in sys.modules)") == "False"
 
 
 _CACHE_DIR_AFTER_IMPORT = (
     "os.environ.pop('NUMBA_CACHE_DIR', None)\n"
-    "from controlplane.balancing.repair import _kernel\n"
+    "from moeplane.controlplane.balancing.repair import _kernel\n"
     "_kernel()\n"
     "print(os.environ.get('NUMBA_CACHE_DIR', 'unset'))\n"
 )

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from controlplane.balancing import plan_placement
+from moeplane.controlplane.balancing import plan_placement
 
 LOADS = np.ones((2, 4))
 CUR = np.tile(np.arange(6) % 4, (2, 1)).astype(np.int64)

@@ -7,9 +7,9 @@ import asyncio
 import grpc
 import numpy as np
 
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire import moeplane_pb2_grpc as rpc
-from controlplane.wire.arrays import encode_array
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2_grpc as rpc
+from moeplane.controlplane.wire.arrays import encode_array
 
 
 class ScriptedAgent:

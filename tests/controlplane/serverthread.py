@@ -1,4 +1,4 @@
-"""Run the real control plane (``controlplane.server.serve``) on the tests' shared event loop.
+"""Run the real control plane (``moeplane.controlplane.server.serve``) on the tests' shared event loop.
 
 It listens on real sockets; tests talk to it over gRPC and HTTP like any agent or user.
 """
@@ -9,8 +9,8 @@ import asyncio
 import concurrent.futures
 from contextlib import contextmanager
 
-from controlplane.server import serve
-from controlplane.settings import Settings
+from moeplane.controlplane.server import serve
+from moeplane.controlplane.settings import Settings
 from tests import aio
 
 

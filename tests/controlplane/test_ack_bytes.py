@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.ingest.service import ok_ack
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.ingest.service import ok_ack
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 
 
 @given(seq=st.integers(min_value=0, max_value=2**63 - 1), duplicate=st.booleans())

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controlplane.controller.decide import Action, decide, migration_stall_s
-from controlplane.controller.policy import RebalancePolicy
-from controlplane.controller.runner import ema, identity
+from moeplane.controlplane.controller.decide import Action, decide, migration_stall_s
+from moeplane.controlplane.controller.policy import RebalancePolicy
+from moeplane.controlplane.controller.runner import ema, identity
 
 L, E, G, S = 4, 16, 4, 4
 
@@ -43,7 +43,7 @@ def test_the_policy_chooses_the_planner_search():
 
     def planner(*a, search, **kw):
         seen.append(search)
-        from controlplane.balancing import plan_placement
+        from moeplane.controlplane.balancing import plan_placement
 
         return plan_placement(*a, search=search, **kw)
 

@@ -7,8 +7,8 @@ import asyncio
 
 import redis
 
-from controlplane.bus.redis import RedisBus
-from controlplane.ingest.following import SharedChannels
+from moeplane.controlplane.bus.redis import RedisBus
+from moeplane.controlplane.ingest.following import SharedChannels
 from tests import aio
 
 

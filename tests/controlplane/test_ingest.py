@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controlplane.store import queries as q
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import encode_array
+from moeplane.controlplane.store import queries as q
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import encode_array
 from tests import aio
 from tests.controlplane.agentclient import ScriptedAgent, hello, loads, samples
 from tests.controlplane.serverthread import running_server
@@ -208,7 +208,7 @@ def test_frames_after_a_checked_layout_are_still_checked(tmp_path):
 
 
 def test_frames_of_one_layout_share_its_tuples():
-    from controlplane.ingest import validate as v
+    from moeplane.controlplane.ingest import validate as v
 
     checked = v.CheckedLayouts()
     devices = {"node-0/gpu0", "node-0/gpu1"}

@@ -8,13 +8,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from controlplane.ingest.planreports import PlanReports
-from controlplane.store import plans as P
-from controlplane.store.engine import make_engine
-from controlplane.store.migrate import upgrade
-from controlplane.store.queries import NotFound
-from controlplane.store.records import DeviceRecord, HelloRecord, JobRecord
-from controlplane.store.writes import StoreWriter
+from moeplane.controlplane.ingest.planreports import PlanReports
+from moeplane.controlplane.store import plans as P
+from moeplane.controlplane.store.engine import make_engine
+from moeplane.controlplane.store.migrate import upgrade
+from moeplane.controlplane.store.queries import NotFound
+from moeplane.controlplane.store.records import DeviceRecord, HelloRecord, JobRecord
+from moeplane.controlplane.store.writes import StoreWriter
 
 NODES = [f"n{i}" for i in range(4)]
 
@@ -169,7 +169,7 @@ def test_coalescer_splits_at_max_batch_and_bad_args(engine):
 def test_reports_arriving_while_a_batch_records_go_in_one_next_transaction(engine, monkeypatch):
     import threading
 
-    from controlplane.ingest import planreports
+    from moeplane.controlplane.ingest import planreports
 
     epoch = pushed_plan(engine)
     started, release, sizes = threading.Event(), threading.Event(), []

@@ -7,9 +7,9 @@ import httpx
 import numpy as np
 import pytest
 
-from controlplane.balancing import identity_placement
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import decode_array
+from moeplane.controlplane.balancing import identity_placement
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import decode_array
 from tests import aio
 from tests.controlplane.agentclient import ScriptedAgent, hello, loads
 from tests.controlplane.serverthread import running_server
@@ -194,7 +194,7 @@ def test_operator_placement_is_validated(cluster):
 
 
 def test_operator_plans_go_full_then_as_deltas_and_full_again_after_reconnect_or_failure(cluster):
-    from controlplane.wire.plan_codec import PlanReceiver
+    from moeplane.controlplane.wire.plan_codec import PlanReceiver
 
     srv, http, a0, a1 = cluster
     sent = srv["ingest"].plans.sent
@@ -265,7 +265,7 @@ def test_applied_only_when_every_node_now_in_the_job_reported(cluster):
     stand in for one that has not reported."""
     import sqlalchemy as sa
 
-    from controlplane.store import tables as t
+    from moeplane.controlplane.store import tables as t
 
     srv, http, a0, a1 = cluster
     http.put("/jobs/job-1/policy", json={"mode": "manual", "min_interval_s": 3600})
@@ -305,7 +305,7 @@ def test_config_comes_first_even_when_a_plan_is_published_while_the_stream_subsc
     subscription) reaches it after the Config, not before."""
     import asyncio
 
-    from controlplane.wire.plan_codec import full_plan
+    from moeplane.controlplane.wire.plan_codec import full_plan
 
     srv, _http, _a0, _a1 = cluster
     svc, bus = srv["ingest"], srv["bus"]
@@ -337,7 +337,7 @@ def test_config_comes_first_even_when_a_plan_is_published_while_the_stream_subsc
 def test_agents_connecting_at_once_read_the_running_placement_once(cluster, monkeypatch):
     """A reconnect storm (e.g. after a control-plane restart) must not read the [L, G*S]
     placement blob once per agent: one read, shared by every stream."""
-    from controlplane.ingest import planpush
+    from moeplane.controlplane.ingest import planpush
 
     srv, http, a0, a1 = cluster
     http.put("/jobs/job-1/policy", json={"mode": "manual", "min_interval_s": 3600})
@@ -373,8 +373,8 @@ def test_plan_loads_drop_the_jobs_lock_once_nobody_holds_or_waits_on_it(monkeypa
     import asyncio
     import threading
 
-    from controlplane.ingest import planpush
-    from controlplane.store.queries import NotFound
+    from moeplane.controlplane.ingest import planpush
+    from moeplane.controlplane.store.queries import NotFound
 
     cache = planpush.PlanCache(channels=None)
     entered, gate = threading.Event(), threading.Event()

@@ -11,8 +11,8 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from controlplane.store.engine import make_engine
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.store.engine import make_engine
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 from tests import aio
 from tests.controlplane.agentclient import ScriptedAgent, loads
 from tests.controlplane.test_plans import job_hello, plans_of, report, skewed

@@ -8,10 +8,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from controlplane.store import queries as q
-from controlplane.store.engine import make_engine
-from controlplane.store.migrate import alembic_config, current, downgrade, upgrade
-from controlplane.store.records import (
+from moeplane.controlplane.store import queries as q
+from moeplane.controlplane.store.engine import make_engine
+from moeplane.controlplane.store.migrate import alembic_config, current, downgrade, upgrade
+from moeplane.controlplane.store.records import (
     DeviceRecord,
     HelloRecord,
     JobRecord,
@@ -20,8 +20,8 @@ from controlplane.store.records import (
     SamplesRecord,
     StepStatsRecord,
 )
-from controlplane.store.tables import metadata
-from controlplane.store.writes import StoreWriter
+from moeplane.controlplane.store.tables import metadata
+from moeplane.controlplane.store.writes import StoreWriter
 
 
 @pytest.fixture
@@ -88,8 +88,8 @@ def test_concurrent_plan_writers_never_share_an_epoch(engine):
     """Many threads create plans at once: every epoch is used once, none is lost."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from controlplane.controller.runner import identity
-    from controlplane.store import plans as P
+    from moeplane.controlplane.controller.runner import identity
+    from moeplane.controlplane.store import plans as P
 
     StoreWriter(engine).register_hello(_hello())
     phy2log = identity(2, 3, 2, 2)
@@ -107,7 +107,7 @@ def test_hello_again_updates_only_what_changed(engine):
 
     import sqlalchemy as sa
 
-    from controlplane.store import tables as t
+    from moeplane.controlplane.store import tables as t
 
     w = StoreWriter(engine)
     w.register_hello(_hello())

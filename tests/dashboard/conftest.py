@@ -51,9 +51,9 @@ def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    from controlplane.store.engine import make_engine
-    from controlplane.store.migrate import upgrade
-    from controlplane.store.writes import StoreWriter
+    from moeplane.controlplane.store.engine import make_engine
+    from moeplane.controlplane.store.migrate import upgrade
+    from moeplane.controlplane.store.writes import StoreWriter
     from tests.dashboard.simjob import SimJob
 
     url = f"sqlite:///{tmp_path_factory.mktemp('dash') / 'store.sqlite'}"
@@ -77,7 +77,7 @@ class DashboardServer:
         from a2wsgi import WSGIMiddleware
         from fastapi import FastAPI
 
-        from dashboard.app import create_dash
+        from moeplane.dashboard.app import create_dash
 
         app = FastAPI()
         app.mount("/dashboard", WSGIMiddleware(create_dash(engine).server))

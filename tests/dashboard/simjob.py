@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from controlplane.store.records import (
+from moeplane.controlplane.store.records import (
     DeviceRecord,
     HelloRecord,
     JobRecord,
@@ -19,7 +19,7 @@ from controlplane.store.records import (
     SamplesRecord,
     StepStatsRecord,
 )
-from controlplane.store.writes import StoreWriter
+from moeplane.controlplane.store.writes import StoreWriter
 
 GIB = 1 << 30
 METRICS = (
@@ -158,14 +158,14 @@ class SimJob:
 
     def plan(self, phy2log: np.ndarray, status: str = "proposed", **fields) -> int:
         """Store a plan of ``phy2log`` [L, G*S] with ``status``; returns its epoch."""
-        from controlplane.store import plans as P
+        from moeplane.controlplane.store import plans as P
 
         return P.create_plan(self.writer.engine, self.job_id, phy2log, world_size=self.ranks(),
                              slots_per_rank=self.slots_per_rank(), status=P.PlanStatus(status), **fields)
 
     def apply(self, epoch: int, step: int) -> None:
         """Walk a plan to applied at ``step`` as the agents would: approved, pushed, applied."""
-        from controlplane.store import plans as P
+        from moeplane.controlplane.store import plans as P
 
         e = self.writer.engine
         P.transition(e, self.job_id, epoch, P.PlanStatus.APPROVED, allowed_from=(P.PlanStatus.PROPOSED,))
@@ -176,8 +176,8 @@ class SimJob:
     def memory(self, ts: float, step: int) -> None:
         """Memory profiles of every device (node 0 gpu 0 above 90 % of 80 GiB) and one offload
         decision proposed for that device."""
-        from controlplane.store import memory_profiles as M
-        from controlplane.store import offload as O
+        from moeplane.controlplane.store import memory_profiles as M
+        from moeplane.controlplane.store import offload as O
 
         e = self.writer.engine
         g = self.devices_per_node

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from controlplane.store import queries as q
+from moeplane.controlplane.store import queries as q
 from tests.dashboard.browsing import (
     click,
     figure,
@@ -21,7 +21,7 @@ from tests.dashboard.conftest import SCREENSHOTS, wait_for
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 def grid_cell(engine, device_id: str) -> tuple[int, int]:
-    from dashboard.cluster_views import grid_layout
+    from moeplane.dashboard.cluster_views import grid_layout
 
     return grid_layout(q.list_devices(engine)).positions[device_id]
 

@@ -1,5 +1,5 @@
 """Plans and Memory pages in headless Chromium against the real control plane
-(``controlplane.server.serve`` with the dashboard mounted, in-process bus): approving a plan on
+(``moeplane.controlplane.server.serve`` with the dashboard mounted, in-process bus): approving a plan on
 the page runs the REST approve handler on the server's loop, changes the plan's status in the
 store and publishes the PlacementPlan on the bus."""
 
@@ -11,11 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from controlplane.store import plans as P
-from controlplane.store.migrate import upgrade
-from controlplane.store.writes import StoreWriter
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import decode_array
+from moeplane.controlplane.store import plans as P
+from moeplane.controlplane.store.migrate import upgrade
+from moeplane.controlplane.store.writes import StoreWriter
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import decode_array
 from tests import aio
 from tests.dashboard.browsing import (
     click,

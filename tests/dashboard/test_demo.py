@@ -29,7 +29,7 @@ def step_shown(driver) -> int | None:
 def test_demo_serves_a_live_dashboard_and_ctrl_c_stops_everything(tmp_path, browser):
     http_port, grpc_port = free_port(), free_port()
     log = tmp_path / "demo.out"
-    argv = [sys.executable, "-m", "controlplane.cli.main", "demo", "--data-dir", str(tmp_path / "data"),
+    argv = [sys.executable, "-m", "moeplane.controlplane.cli.main", "demo", "--data-dir", str(tmp_path / "data"),
             "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--nodes", str(NODES),
             "--gpus-per-node", "2", "--layers", "4", "--experts", "8", "--step-time", "0.5", "--steps", "0"]
     with open(log, "wb") as out:

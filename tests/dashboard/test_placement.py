@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dashboard.placement import (
+from moeplane.dashboard.placement import (
     balancedness,
     identity_phy2log,
     layer_balancedness,

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from dashboard.plan_diff import changed_slots, placement_diff
-from dashboard.plan_views import diff_figure, plan_rows, timeline_figure
+from moeplane.dashboard.plan_diff import changed_slots, placement_diff
+from moeplane.dashboard.plan_views import diff_figure, plan_rows, timeline_figure
 
 # 2 layers, 4 ranks x 2 slots, 6 experts; ranks 0-1 on node 0, ranks 2-3 on node 1
 RUNNING = np.array([[0, 1, 2, 3, 4, 5, 0, 1],

@@ -4,21 +4,27 @@ Dash's URL, and holding every trace type the dashboard's figures use."""
 import numpy as np
 from plotly.offline import get_plotlyjs_version
 
-from controlplane.store.engine import make_engine
-from dashboard.app import create_dash
-from dashboard.cluster_views import grid_data, grid_figure, grid_layout, history_figure, link_figure
-from dashboard.expert_views import (
+from moeplane.controlplane.store.engine import make_engine
+from moeplane.dashboard.app import create_dash
+from moeplane.dashboard.cluster_views import (
+    grid_data,
+    grid_figure,
+    grid_layout,
+    history_figure,
+    link_figure,
+)
+from moeplane.dashboard.expert_views import (
     balancedness_figure,
     expert_heatmap_figure,
     placement_figure,
     rank_load_figure,
     step_time_figure,
 )
-from dashboard.memory_views import breakdown_figure
-from dashboard.placement import identity_phy2log
-from dashboard.plan_diff import placement_diff
-from dashboard.plan_views import diff_figure, timeline_figure
-from dashboard.plotly_bundle import BUNDLE, PLOTLY_JS, TRACE_TYPES, bundle_version
+from moeplane.dashboard.memory_views import breakdown_figure
+from moeplane.dashboard.placement import identity_phy2log
+from moeplane.dashboard.plan_diff import placement_diff
+from moeplane.dashboard.plan_views import diff_figure, timeline_figure
+from moeplane.dashboard.plotly_bundle import BUNDLE, PLOTLY_JS, TRACE_TYPES, bundle_version
 
 
 def test_bundle_is_the_plotly_js_version_plotly_py_ships():

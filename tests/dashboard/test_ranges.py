@@ -1,6 +1,6 @@
 import pytest
 
-from dashboard.ranges import HISTORY_STEPS, MAX_HISTORY_STEPS, history_range
+from moeplane.dashboard.ranges import HISTORY_STEPS, MAX_HISTORY_STEPS, history_range
 
 
 def test_blank_inputs_mean_the_last_steps():

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 from sqlalchemy import event
 
-from controlplane.store import plans as P
-from controlplane.store.engine import make_engine
-from controlplane.store.migrate import upgrade
-from controlplane.store.records import LoadsRecord
-from controlplane.store.writes import StoreWriter
-from dashboard.placement import layer_balancedness, rank_loads
-from dashboard.source import (
+from moeplane.controlplane.store import plans as P
+from moeplane.controlplane.store.engine import make_engine
+from moeplane.controlplane.store.migrate import upgrade
+from moeplane.controlplane.store.records import LoadsRecord
+from moeplane.controlplane.store.writes import StoreWriter
+from moeplane.dashboard.placement import layer_balancedness, rank_loads
+from moeplane.dashboard.source import (
     BalancednessCache,
     PlacementCache,
     current_placement,

@@ -5,15 +5,15 @@ import time
 import numpy as np
 import pytest
 
-from controlplane.store import memory_profiles as M
-from controlplane.store import offload as O
-from controlplane.store.engine import make_engine
-from controlplane.store.migrate import upgrade
-from controlplane.store.queries import Range
-from controlplane.store.writes import StoreWriter
-from dashboard.history_queries import device_values_at, range_end_time
-from dashboard.memory_views import GIB, breakdown_figure, decision_rows, memory_summary
-from dashboard.source import current_placement, placements_at_steps
+from moeplane.controlplane.store import memory_profiles as M
+from moeplane.controlplane.store import offload as O
+from moeplane.controlplane.store.engine import make_engine
+from moeplane.controlplane.store.migrate import upgrade
+from moeplane.controlplane.store.queries import Range
+from moeplane.controlplane.store.writes import StoreWriter
+from moeplane.dashboard.history_queries import device_values_at, range_end_time
+from moeplane.dashboard.memory_views import GIB, breakdown_figure, decision_rows, memory_summary
+from moeplane.dashboard.source import current_placement, placements_at_steps
 from tests.dashboard.simjob import SimJob
 
 

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from dashboard.cluster_views import (
+from moeplane.dashboard.cluster_views import (
     GIB,
     METRICS,
     alert_mask,
@@ -15,7 +15,7 @@ from dashboard.cluster_views import (
     metric_value,
     natural_key,
 )
-from dashboard.expert_views import (
+from moeplane.dashboard.expert_views import (
     balancedness_figure,
     expert_heatmap_figure,
     job_geometry,
@@ -24,7 +24,7 @@ from dashboard.expert_views import (
     relative_rank_load,
     step_time_figure,
 )
-from dashboard.placement import identity_phy2log
+from moeplane.dashboard.placement import identity_phy2log
 
 
 def devices(nodes: int, per_node: int) -> list[dict]:

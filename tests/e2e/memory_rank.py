@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from agents.sdk.reporter import Reporter
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.agents.sdk.reporter import Reporter
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 from tests.sdk.memory_net import build
 
 WIDTH, BATCH, STEP_S, MAX_STEPS = 128, 64, 0.02, 3000

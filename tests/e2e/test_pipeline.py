@@ -124,7 +124,7 @@ def test_control_plane_down_30s_mid_job_loses_and_doubles_nothing(tmp_path):
     every step and every sample round arrives exactly once (counted in the database)."""
     import sqlalchemy as sa
 
-    from controlplane.store.engine import make_engine
+    from moeplane.controlplane.store.engine import make_engine
 
     steps, interval = 400, 1.0  # the control plane tells agents to sample at 1 Hz
     db = f"sqlite:///{tmp_path / 'k.sqlite'}"

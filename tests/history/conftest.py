@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from controlplane.controller.runner import identity
-from controlplane.store import plans as P
+from moeplane.controlplane.controller.runner import identity
+from moeplane.controlplane.store import plans as P
 from tests.controlplane.serverthread import running_server
 from tests.history.data import EXPERTS, LAYERS, RANKS, fill
 

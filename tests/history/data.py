@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from controlplane.store.records import (
+from moeplane.controlplane.store.records import (
     DeviceRecord,
     HelloRecord,
     JobRecord,
@@ -14,7 +14,7 @@ from controlplane.store.records import (
     SamplesRecord,
     StepStatsRecord,
 )
-from controlplane.store.writes import StoreWriter
+from moeplane.controlplane.store.writes import StoreWriter
 
 METRICS = ("utilization_ratio", "memory_used_bytes", "temperature_celsius")
 LAYERS, EXPERTS, RANKS = 4, 8, 2

@@ -10,7 +10,7 @@ import time
 import httpx
 import numpy as np
 
-from controlplane.retention import Retention, RetentionPolicy
+from moeplane.controlplane.retention import Retention, RetentionPolicy
 from tests.history.data import EXPERTS, LAYERS, RANKS
 
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.retention import RetentionPolicy
-from controlplane.store import tiers
-from controlplane.store.history import plan_window
+from moeplane.controlplane.retention import RetentionPolicy
+from moeplane.controlplane.store import tiers
+from moeplane.controlplane.store.history import plan_window
 
 
 @given(st.lists(st.floats(-1e6, 1e6), min_size=2, max_size=60), st.integers(1, 5))

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from controlplane.controller.runner import identity
-from controlplane.retention import Retention, RetentionPolicy
-from controlplane.store import history as H
-from controlplane.store import load_history as LH
-from controlplane.store import plans as P
-from controlplane.store import queries as q
-from controlplane.store import tables as t
-from controlplane.store.engine import make_engine
-from controlplane.store.migrate import upgrade
+from moeplane.controlplane.controller.runner import identity
+from moeplane.controlplane.retention import Retention, RetentionPolicy
+from moeplane.controlplane.store import history as H
+from moeplane.controlplane.store import load_history as LH
+from moeplane.controlplane.store import plans as P
+from moeplane.controlplane.store import queries as q
+from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store.engine import make_engine
+from moeplane.controlplane.store.migrate import upgrade
 from tests.history.data import EXPERTS, LAYERS, RANKS, fill
 
 T0 = 1_700_002_800.0  # a whole hour

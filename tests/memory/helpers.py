@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controlplane.memory import DeviceMemory, LayerMemory
+from moeplane.controlplane.memory import DeviceMemory, LayerMemory
 
 GB = 10**9
 

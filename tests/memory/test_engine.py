@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from controlplane.memory import (
+from moeplane.controlplane.memory import (
     ActionKind,
     AppliedAction,
     InputError,
@@ -15,8 +15,8 @@ from controlplane.memory import (
     WatermarkPolicy,
     decide_offload,
 )
-from controlplane.memory.model import build_profile
-from controlplane.memory.search import recompute_everything, swap_everything
+from moeplane.controlplane.memory.model import build_profile
+from moeplane.controlplane.memory.search import recompute_everything, swap_everything
 from tests.memory.helpers import GB, device, layer, uniform
 
 POLICY = WatermarkPolicy(high_watermark=0.8, low_watermark=0.5)

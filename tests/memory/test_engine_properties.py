@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from controlplane.memory import (
+from moeplane.controlplane.memory import (
     ActionKind,
     AppliedAction,
     DeviceMemory,
@@ -16,8 +16,8 @@ from controlplane.memory import (
     WatermarkPolicy,
     decide_offload,
 )
-from controlplane.memory.model import build_profile, plan_from_applied
-from controlplane.memory.search import recompute_everything, swap_everything
+from moeplane.controlplane.memory.model import build_profile, plan_from_applied
+from moeplane.controlplane.memory.search import recompute_everything, swap_everything
 
 MB = 10**6
 

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from controlplane.memory.model import NONE, RECOMPUTE, SWAP, Plan, build_profile
+from moeplane.controlplane.memory.model import NONE, RECOMPUTE, SWAP, Plan, build_profile
 from tests.memory.helpers import GB, device, layer
 
 

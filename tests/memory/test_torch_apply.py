@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from agents.sdk.memory import apply_actions
-from agents.sdk.memory.swap import SwappedLayer
-from controlplane.memory import Action, ActionKind
+from moeplane.agents.sdk.memory import apply_actions
+from moeplane.agents.sdk.memory.swap import SwappedLayer
+from moeplane.controlplane.memory import Action, ActionKind
 
 pytestmark = pytest.mark.torch
 

@@ -3,7 +3,7 @@ and small helpers for talking to the scripted agents."""
 
 from __future__ import annotations
 
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 from tests import aio
 from tests.procs import wait_until as poll  # noqa: F401 - the offload tests import it from here
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 from tests import aio
 from tests.offload.profiles import (
     G0,

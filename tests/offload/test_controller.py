@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from controlplane.controller.leader import Leadership
-from controlplane.controller.offload import OffloadController, lease_name
-from controlplane.ingest.memory import profile_records
-from controlplane.store import memory_profiles as M
-from controlplane.store import offload as O
-from controlplane.store import tables as t
-from controlplane.store.engine import make_engine
-from controlplane.store.migrate import upgrade
-from controlplane.store.records import DeviceRecord, HelloRecord
-from controlplane.store.writes import StoreWriter
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.controller.leader import Leadership
+from moeplane.controlplane.controller.offload import OffloadController, lease_name
+from moeplane.controlplane.ingest.memory import profile_records
+from moeplane.controlplane.store import memory_profiles as M
+from moeplane.controlplane.store import offload as O
+from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store.engine import make_engine
+from moeplane.controlplane.store.migrate import upgrade
+from moeplane.controlplane.store.records import DeviceRecord, HelloRecord
+from moeplane.controlplane.store.writes import StoreWriter
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 from tests.offload.profiles import G0, GIB, device_profile
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 from tests import aio
 from tests.offload.profiles import (
     G0,

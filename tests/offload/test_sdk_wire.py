@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 
 pytestmark = pytest.mark.torch
 
@@ -21,8 +21,13 @@ def test_decision_applies_and_reports_what_it_saved():
     import torch
     from torch import nn
 
-    from agents.sdk.memory import apply_actions
-    from agents.sdk.memory.wire import actions_of, applied_names, measured_saving, offload_report
+    from moeplane.agents.sdk.memory import apply_actions
+    from moeplane.agents.sdk.memory.wire import (
+        actions_of,
+        applied_names,
+        measured_saving,
+        offload_report,
+    )
 
     torch.manual_seed(0)
     layers = nn.ModuleList(nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 32)) for _ in range(3))
@@ -59,7 +64,7 @@ def test_decision_applies_and_reports_what_it_saved():
 
 
 def test_bad_decisions_name_the_field():
-    from agents.sdk.memory.wire import actions_of, offload_report
+    from moeplane.agents.sdk.memory.wire import actions_of, offload_report
 
     with pytest.raises(ValueError, match=r"^decision.verdict: 'cannot_meet'"):
         actions_of(decision(verdict="cannot_meet"))

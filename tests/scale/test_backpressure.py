@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from controlplane.ingest.batcher import Batcher, record_bytes
-from controlplane.store.records import LoadsRecord, MarkerRecord, SamplesRecord
+from moeplane.controlplane.ingest.batcher import Batcher, record_bytes
+from moeplane.controlplane.store.records import LoadsRecord, MarkerRecord, SamplesRecord
 from tests import aio
 
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from controlplane.store import bulk
-from controlplane.store import queries as q
-from controlplane.store import tables as t
-from controlplane.store.engine import make_engine
-from controlplane.store.migrate import upgrade
-from controlplane.store.records import (
+from moeplane.controlplane.store import bulk
+from moeplane.controlplane.store import queries as q
+from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store.engine import make_engine
+from moeplane.controlplane.store.migrate import upgrade
+from moeplane.controlplane.store.records import (
     DeviceRecord,
     HelloRecord,
     JobRecord,
@@ -21,7 +21,7 @@ from controlplane.store.records import (
     SamplesRecord,
     StepStatsRecord,
 )
-from controlplane.store.writes import StoreWriter
+from moeplane.controlplane.store.writes import StoreWriter
 
 L, E = 3, 4
 

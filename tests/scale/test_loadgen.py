@@ -9,11 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-from controlplane.loadgen import messages
-from controlplane.loadgen.config import LoadgenConfig
-from controlplane.loadgen.runner import run_async, split
-from controlplane.loadgen.stats import merge, summary
-from controlplane.store import queries as q
+from moeplane.controlplane.loadgen import messages
+from moeplane.controlplane.loadgen.config import LoadgenConfig
+from moeplane.controlplane.loadgen.runner import run_async, split
+from moeplane.controlplane.loadgen.stats import merge, summary
+from moeplane.controlplane.store import queries as q
 from tests import aio
 from tests.controlplane.serverthread import running_server
 
@@ -68,6 +68,6 @@ def test_bad_config_names_the_argument(kw, name):
 
 
 def test_cli_rejects_bad_input_with_exit_2():
-    r = subprocess.run([sys.executable, "-m", "controlplane.cli.main", "loadgen", "--nodes", "0"],
+    r = subprocess.run([sys.executable, "-m", "moeplane.controlplane.cli.main", "loadgen", "--nodes", "0"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "nodes" in r.stderr

@@ -22,12 +22,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from agents.sdk.applier import PlanApplier
-from agents.sdk.moe import ExpertParallelMoE, attach_counter, moe_blocks, sync_gradients
-from agents.sdk.placement import rebalance
-from controlplane.balancing.placement import identity_placement
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire.arrays import encode_array
+from moeplane.agents.sdk.applier import PlanApplier
+from moeplane.agents.sdk.moe import ExpertParallelMoE, attach_counter, moe_blocks, sync_gradients
+from moeplane.agents.sdk.placement import rebalance
+from moeplane.controlplane.balancing.placement import identity_placement
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire.arrays import encode_array
 
 LAYERS, EXPERTS, TOP_K, SLOTS, VOCAB, D, FF = 2, 8, 2, 3, 64, 16, 32
 STEPS, BATCH, SEQ = 9, 4, 16

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from agents.sdk.memory.runner import MemoryOffload
+from moeplane.agents.sdk.memory.runner import MemoryOffload
 
 NAMES = [f"layers.{i}" for i in range(4)]
 

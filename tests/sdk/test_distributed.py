@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from agents.sdk.placement import balancedness, rank_loads
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.agents.sdk.placement import balancedness, rank_loads
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 from tests.conftest import free_port
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.offload import check_profile
-from agents.sdk.memory.swap import SwappedLayer
-from agents.sdk.reporter import Reporter
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.agents.offload import check_profile
+from moeplane.agents.sdk.memory.swap import SwappedLayer
+from moeplane.agents.sdk.reporter import Reporter
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 from tests.sdk.memory_net import NAMES, build
 from tests.sdk.test_reporter import JOB, serve
 

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from agents.sdk.placement import (
+from moeplane.agents.sdk.placement import (
     PlacementError,
     balancedness,
     check_phy2log,
@@ -76,6 +76,6 @@ def test_check_phy2log_names_what_is_wrong(phy2log, message):
 
 
 def test_importing_the_sdk_package_does_not_import_torch():
-    code = "import sys, agents.sdk, agents.sdk.placement; print('torch' in sys.modules)"
+    code = "import sys, moeplane.agents.sdk, moeplane.agents.sdk.placement; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from agents.sdk.reporter import Reporter, memory_breakdown
-from controlplane.wire import moeplane_pb2 as pb
-from controlplane.wire import moeplane_pb2_grpc as pb_grpc
-from controlplane.wire.arrays import decode_array, encode_array
+from moeplane.agents.sdk.reporter import Reporter, memory_breakdown
+from moeplane.controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.wire import moeplane_pb2_grpc as pb_grpc
+from moeplane.controlplane.wire.arrays import decode_array, encode_array
 
 pytestmark = pytest.mark.torch
 JOB = pb.JobSpec(job_id="job", layers=2, experts=4, top_k=2, world_size=1, slots_per_rank=4)

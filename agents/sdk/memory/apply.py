@@ -3,7 +3,7 @@
 ``apply_actions(layers, actions, names=..., optimizer=...)`` takes the layers the decision
 names (an ``nn.ModuleList``, forward order) and the decision's actions (anything with a
 ``kind`` — an ``ActionKind`` or its string value — and ``layers``, a sequence of layer names,
-e.g. ``controlplane.memory.Action``). It replaces chosen entries of ``layers`` in place by
+e.g. ``moeplane.controlplane.memory.Action``). It replaces chosen entries of ``layers`` in place by
 ``SwappedLayer`` / ``RecomputedLayer`` wrappers (their parameters are the same objects, so an
 optimizer built before keeps working; state_dict keys gain an ``inner.`` prefix while
 applied) and offloads optimizer state through ``OptimizerStateOffload``. The returned
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from agents.sdk.memory.meter import SavedTensorMeter, cuda_peak_bytes
-from agents.sdk.memory.optimizer import OptimizerStateOffload
-from agents.sdk.memory.recompute import RecomputedLayer
-from agents.sdk.memory.swap import SwappedLayer
-from agents.sdk.memory.wire import KINDS
-from controlplane.memory.types import ActionKind
+from moeplane.agents.sdk.memory.meter import SavedTensorMeter, cuda_peak_bytes
+from moeplane.agents.sdk.memory.optimizer import OptimizerStateOffload
+from moeplane.agents.sdk.memory.recompute import RecomputedLayer
+from moeplane.agents.sdk.memory.swap import SwappedLayer
+from moeplane.agents.sdk.memory.wire import KINDS
+from moeplane.controlplane.memory.types import ActionKind
 
 OFFLOAD_OPTIMIZER = ActionKind.OFFLOAD_OPTIMIZER.value
 SWAP_ACTIVATIONS = ActionKind.SWAP_ACTIVATIONS.value

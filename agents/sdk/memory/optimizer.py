@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from agents.sdk.memory.meter import tensor_bytes
+from moeplane.agents.sdk.memory.meter import tensor_bytes
 
 
 def _host_copy(t: torch.Tensor) -> torch.Tensor:

@@ -39,8 +39,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
-from agents.sdk.memory.meter import parameter_storages, tensor_bytes
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.agents.sdk.memory.meter import parameter_storages, tensor_bytes
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 
 CPU_HOST_LINK_BYTES_PER_S = 10e9  # a memcpy-class default: CPU "swaps" are host copies
 PROBE_BYTES = 64 << 20

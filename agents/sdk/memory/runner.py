@@ -1,7 +1,7 @@
 """Run pushed memory-offload decisions in a training rank and report what they saved.
 
 ``MemoryOffload(layers, names, model=..., optimizer=...)`` owns a :class:`LayerProfiler` of
-the layers. The reporter (:class:`agents.sdk.reporter.Reporter` with ``offload=``) wraps
+the layers. The reporter (:class:`moeplane.agents.sdk.reporter.Reporter` with ``offload=``) wraps
 forward and backward in :meth:`measure`, asks :meth:`profile` for the step's
 ``MemoryProfile`` (at most once per ``profile_interval_s``), hands every
 ``RankControl.offload`` to :meth:`submit` (any thread) and calls :meth:`step_boundary` at the
@@ -10,7 +10,7 @@ end of every step (training thread). At the first boundary after a decision arri
 1. undo the actions in effect (a decision is the complete set to have in effect);
 2. ``apply_actions(layers, actions_of(decision), names, optimizer)``;
 3. run the next step with it, then report APPLIED with the device's peak and the bytes it
-   kept off the device (:func:`agents.sdk.memory.wire.measured_saving` between the step
+   kept off the device (:func:`moeplane.agents.sdk.memory.wire.measured_saving` between the step
    before and the step after);
 
 or, when applying fails, report FAILED with the error, with every action undone.
@@ -30,11 +30,16 @@ from collections.abc import Callable, Sequence
 
 from torch import nn
 
-from agents.sdk.memory.apply import KINDS, AppliedMemory, MemoryReport, apply_actions
-from agents.sdk.memory.profiler import LayerProfiler
-from agents.sdk.memory.swap import SwappedLayer
-from agents.sdk.memory.wire import actions_of, applied_names, measured_saving, offload_report
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.agents.sdk.memory.apply import KINDS, AppliedMemory, MemoryReport, apply_actions
+from moeplane.agents.sdk.memory.profiler import LayerProfiler
+from moeplane.agents.sdk.memory.swap import SwappedLayer
+from moeplane.agents.sdk.memory.wire import (
+    actions_of,
+    applied_names,
+    measured_saving,
+    offload_report,
+)
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import weakref
 import torch
 from torch import nn
 
-from agents.sdk.memory.meter import parameter_storages, tensor_bytes
+from moeplane.agents.sdk.memory.meter import parameter_storages, tensor_bytes
 
 
 class _Packed:

@@ -10,8 +10,8 @@ Its next ``MemoryProfile.applied_actions`` are ``applied_names(decision)``.
 
 from __future__ import annotations
 
-from controlplane.memory.types import ActionKind
-from controlplane.wire import moeplane_pb2 as pb
+from moeplane.controlplane.memory.types import ActionKind
+from moeplane.controlplane.wire import moeplane_pb2 as pb
 
 KINDS = tuple(kind.value for kind in ActionKind)  # in the order the engine defines them
 APPLICABLE = ("apply", "relax", "keep")
