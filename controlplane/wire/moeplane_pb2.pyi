@@ -229,7 +229,7 @@ class OffloadReport(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., decision_id: _Optional[int] = ..., device_id: _Optional[str] = ..., state: _Optional[_Union[PlanState, str]] = ..., step: _Optional[int] = ..., measured_used_bytes: _Optional[int] = ..., measured_saved_bytes: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("seq", "hello", "samples", "loads", "step_stats", "plan_report", "memory", "offload_report")
+    __slots__ = ("seq", "hello", "samples", "loads", "step_stats", "plan_report", "memory", "offload_report", "rl")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +238,7 @@ class AgentMessage(_message.Message):
     PLAN_REPORT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     OFFLOAD_REPORT_FIELD_NUMBER: _ClassVar[int]
+    RL_FIELD_NUMBER: _ClassVar[int]
     seq: int
     hello: Hello
     samples: DeviceSamples
@@ -246,7 +247,92 @@ class AgentMessage(_message.Message):
     plan_report: PlanReport
     memory: MemoryProfiles
     offload_report: OffloadReport
-    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., samples: _Optional[_Union[DeviceSamples, _Mapping]] = ..., loads: _Optional[_Union[ExpertLoads, _Mapping]] = ..., step_stats: _Optional[_Union[StepStats, _Mapping]] = ..., plan_report: _Optional[_Union[PlanReport, _Mapping]] = ..., memory: _Optional[_Union[MemoryProfiles, _Mapping]] = ..., offload_report: _Optional[_Union[OffloadReport, _Mapping]] = ...) -> None: ...
+    rl: RLReport
+    def __init__(self, seq: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., samples: _Optional[_Union[DeviceSamples, _Mapping]] = ..., loads: _Optional[_Union[ExpertLoads, _Mapping]] = ..., step_stats: _Optional[_Union[StepStats, _Mapping]] = ..., plan_report: _Optional[_Union[PlanReport, _Mapping]] = ..., memory: _Optional[_Union[MemoryProfiles, _Mapping]] = ..., offload_report: _Optional[_Union[OffloadReport, _Mapping]] = ..., rl: _Optional[_Union[RLReport, _Mapping]] = ...) -> None: ...
+
+class RLSpans(_message.Message):
+    __slots__ = ("phase_names", "role_names", "step", "rank", "version", "phase", "role", "start", "end", "tokens")
+    PHASE_NAMES_FIELD_NUMBER: _ClassVar[int]
+    ROLE_NAMES_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    phase_names: _containers.RepeatedScalarFieldContainer[str]
+    role_names: _containers.RepeatedScalarFieldContainer[str]
+    step: NDArray
+    rank: NDArray
+    version: NDArray
+    phase: NDArray
+    role: NDArray
+    start: NDArray
+    end: NDArray
+    tokens: NDArray
+    def __init__(self, phase_names: _Optional[_Iterable[str]] = ..., role_names: _Optional[_Iterable[str]] = ..., step: _Optional[_Union[NDArray, _Mapping]] = ..., rank: _Optional[_Union[NDArray, _Mapping]] = ..., version: _Optional[_Union[NDArray, _Mapping]] = ..., phase: _Optional[_Union[NDArray, _Mapping]] = ..., role: _Optional[_Union[NDArray, _Mapping]] = ..., start: _Optional[_Union[NDArray, _Mapping]] = ..., end: _Optional[_Union[NDArray, _Mapping]] = ..., tokens: _Optional[_Union[NDArray, _Mapping]] = ...) -> None: ...
+
+class WeightSync(_message.Message):
+    __slots__ = ("step", "rank", "from_version", "to_version", "bytes", "start", "pause_s", "transfer_s", "resume_s")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    FROM_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TO_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_S_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
+    RESUME_S_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    rank: int
+    from_version: int
+    to_version: int
+    bytes: int
+    start: float
+    pause_s: float
+    transfer_s: float
+    resume_s: float
+    def __init__(self, step: _Optional[int] = ..., rank: _Optional[int] = ..., from_version: _Optional[int] = ..., to_version: _Optional[int] = ..., bytes: _Optional[int] = ..., start: _Optional[float] = ..., pause_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., resume_s: _Optional[float] = ...) -> None: ...
+
+class ConsumedBatch(_message.Message):
+    __slots__ = ("step", "rank", "trained_version", "samples", "lag_min", "lag_mean", "lag_max", "bound", "dropped", "partial", "timestamp")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    TRAINED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LAG_MIN_FIELD_NUMBER: _ClassVar[int]
+    LAG_MEAN_FIELD_NUMBER: _ClassVar[int]
+    LAG_MAX_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    rank: int
+    trained_version: int
+    samples: int
+    lag_min: int
+    lag_mean: float
+    lag_max: int
+    bound: int
+    dropped: int
+    partial: int
+    timestamp: float
+    def __init__(self, step: _Optional[int] = ..., rank: _Optional[int] = ..., trained_version: _Optional[int] = ..., samples: _Optional[int] = ..., lag_min: _Optional[int] = ..., lag_mean: _Optional[float] = ..., lag_max: _Optional[int] = ..., bound: _Optional[int] = ..., dropped: _Optional[int] = ..., partial: _Optional[int] = ..., timestamp: _Optional[float] = ...) -> None: ...
+
+class RLReport(_message.Message):
+    __slots__ = ("job_id", "spans", "syncs", "batches")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
+    SYNCS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    spans: RLSpans
+    syncs: _containers.RepeatedCompositeFieldContainer[WeightSync]
+    batches: _containers.RepeatedCompositeFieldContainer[ConsumedBatch]
+    def __init__(self, job_id: _Optional[str] = ..., spans: _Optional[_Union[RLSpans, _Mapping]] = ..., syncs: _Optional[_Iterable[_Union[WeightSync, _Mapping]]] = ..., batches: _Optional[_Iterable[_Union[ConsumedBatch, _Mapping]]] = ...) -> None: ...
 
 class Config(_message.Message):
     __slots__ = ("sample_interval_s", "job_id", "resume_after_seq")
@@ -361,16 +447,18 @@ class RankStep(_message.Message):
     def __init__(self, step: _Optional[int] = ..., counts: _Optional[_Union[NDArray, _Mapping]] = ..., stats: _Optional[_Union[RankStepStats, _Mapping]] = ..., timestamp: _Optional[float] = ..., memory: _Optional[_Union[MemoryProfile, _Mapping]] = ...) -> None: ...
 
 class RankMessage(_message.Message):
-    __slots__ = ("hello", "step", "plan_report", "offload_report")
+    __slots__ = ("hello", "step", "plan_report", "offload_report", "rl")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     PLAN_REPORT_FIELD_NUMBER: _ClassVar[int]
     OFFLOAD_REPORT_FIELD_NUMBER: _ClassVar[int]
+    RL_FIELD_NUMBER: _ClassVar[int]
     hello: RankHello
     step: RankStep
     plan_report: PlanReport
     offload_report: OffloadReport
-    def __init__(self, hello: _Optional[_Union[RankHello, _Mapping]] = ..., step: _Optional[_Union[RankStep, _Mapping]] = ..., plan_report: _Optional[_Union[PlanReport, _Mapping]] = ..., offload_report: _Optional[_Union[OffloadReport, _Mapping]] = ...) -> None: ...
+    rl: RLReport
+    def __init__(self, hello: _Optional[_Union[RankHello, _Mapping]] = ..., step: _Optional[_Union[RankStep, _Mapping]] = ..., plan_report: _Optional[_Union[PlanReport, _Mapping]] = ..., offload_report: _Optional[_Union[OffloadReport, _Mapping]] = ..., rl: _Optional[_Union[RLReport, _Mapping]] = ...) -> None: ...
 
 class RankControl(_message.Message):
     __slots__ = ("plan", "ack", "offload")
