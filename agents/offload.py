@@ -21,7 +21,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable
 
-from moeplane.controlplane.ingest.memory import profile_record
+from moeplane.controlplane.memory.codec import profile_record
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 
 

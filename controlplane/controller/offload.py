@@ -33,7 +33,6 @@ from sqlalchemy.engine import Engine
 from moeplane.controlplane.controller.leader import Leadership
 from moeplane.controlplane.controller.loop import ReconcileLoop
 from moeplane.controlplane.controller.policy import Mode
-from moeplane.controlplane.ingest.memory import decision_message, device_memory
 from moeplane.controlplane.memory import (
     InputError,
     NodeMemory,
@@ -41,6 +40,7 @@ from moeplane.controlplane.memory import (
     Verdict,
     decide_offload,
 )
+from moeplane.controlplane.memory.codec import decision_message, device_memory
 from moeplane.controlplane.store import memory_profiles as M
 from moeplane.controlplane.store import offload as O
 from moeplane.controlplane.store import queries as q

@@ -8,7 +8,6 @@ INVALID_ARGUMENT; the stream and the rest of the batch go on.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,12 +23,11 @@ from moeplane.controlplane.store.records import (
 )
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 from moeplane.controlplane.wire.arrays import WireError, decode_array
+from moeplane.controlplane.wire.checks import CONTROL_CHARS, MAX_ID, check_id, check_time
 
-MAX_ID = 128
 MAX_DEVICES = 4096
 MAX_METRICS = 256
 MAX_DIM = 65536
-_CONTROL = re.compile(r"[\x00-\x1f]")
 
 
 @dataclass(frozen=True)
@@ -38,24 +36,6 @@ class JobShape:
 
     layers: int | None
     experts: int | None
-
-
-def check_id(value: str, field: str, *, allow_empty: bool = False) -> str:
-    """``value`` as an identifier: non-empty (unless ``allow_empty``), short, no control chars."""
-    if not value and not allow_empty:
-        raise WireError(field, "must not be empty")
-    if len(value) > MAX_ID:
-        raise WireError(field, f"longer than {MAX_ID} characters")
-    if _CONTROL.search(value):
-        raise WireError(field, "contains control characters")
-    return value
-
-
-def check_time(ts: float, field: str) -> float:
-    """``ts`` as a finite, non-negative unix time in seconds."""
-    if not math.isfinite(ts) or ts < 0:
-        raise WireError(field, f"must be a finite unix time in seconds, got {ts}")
-    return float(ts)
 
 
 def hello_record(msg: pb.Hello, ts: float) -> HelloRecord:
@@ -165,7 +145,7 @@ def _check_layout(device_ids: tuple[str, ...], metrics: tuple[str, ...], node_id
                 raise WireError(f"samples.device_ids[{i}]", f"{did!r} is not a device of node {node_id!r} (declare it in hello)")
     if len(set(metrics)) != m:
         raise WireError("samples.metrics", "names must be unique")
-    if "" in metrics or max(map(len, metrics)) > MAX_ID or _CONTROL.search("".join(metrics)):
+    if "" in metrics or max(map(len, metrics)) > MAX_ID or CONTROL_CHARS.search("".join(metrics)):
         for i, name in enumerate(metrics):
             check_id(name, f"samples.metrics[{i}]")
 
