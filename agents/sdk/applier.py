@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from moeplane.agents.sdk import migration
-from moeplane.agents.sdk.moe import ExpertParallelMoE
+from moeplane.agents.sdk.moe import ExpertSlots
 from moeplane.agents.sdk.placement import PlacementError, check_phy2log
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 from moeplane.controlplane.wire.arrays import WireError, decode_array
@@ -61,7 +61,7 @@ class PlanApplier:
     """Runs placement plans for a list of MoE blocks (one per layer, in layer order).
 
     Args:
-        blocks: the model's :class:`ExpertParallelMoE` blocks, ``blocks[l]`` is layer ``l``.
+        blocks: the model's MoE blocks (:class:`ExpertSlots`), ``blocks[l]`` is layer ``l``.
         optimizer: the optimizer whose per-slot state moves with the experts (or None).
         job_id: this job; plans for another job are rejected ("" accepts any).
         epoch: epoch of the running placement (plans must be newer).
@@ -72,7 +72,7 @@ class PlanApplier:
 
     def __init__(
         self,
-        blocks: list[ExpertParallelMoE],
+        blocks: list[ExpertSlots],
         optimizer=None,
         *,
         job_id: str = "",

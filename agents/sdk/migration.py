@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from moeplane.agents.sdk.comm import global_rank
-from moeplane.agents.sdk.moe import ExpertParallelMoE
+from moeplane.agents.sdk.moe import ExpertSlots
 from moeplane.agents.sdk.placement import migration_sources
 
 
@@ -38,7 +38,7 @@ class Staged:
     slots_copied: int = 0
 
 
-def slot_tensors(block: ExpertParallelMoE, optimizer) -> list[torch.Tensor]:
+def slot_tensors(block: ExpertSlots, optimizer) -> list[torch.Tensor]:
     """The block's tensors with leading dimension S: parameters, then their optimizer state."""
     out: list[torch.Tensor] = []
     for p in block.expert_parameters():
@@ -53,7 +53,7 @@ def slot_tensors(block: ExpertParallelMoE, optimizer) -> list[torch.Tensor]:
 
 @torch.no_grad()
 def stage(
-    blocks: list[ExpertParallelMoE], optimizer, phy2log: np.ndarray, group=None
+    blocks: list[ExpertSlots], optimizer, phy2log: np.ndarray, group=None
 ) -> Staged:
     """Build every block's slot tensors for ``phy2log[L, G*S]`` (a collective over ``group``).
 
@@ -96,7 +96,7 @@ def stage(
 
 
 @torch.no_grad()
-def commit(blocks: list[ExpertParallelMoE], optimizer, staged: Staged) -> None:
+def commit(blocks: list[ExpertSlots], optimizer, staged: Staged) -> None:
     """Swap the staged tensors in (in place, so optimizer references stay valid) and the map."""
     for i, block in enumerate(blocks):
         for running, new in zip(slot_tensors(block, optimizer), staged.tensors[i], strict=True):

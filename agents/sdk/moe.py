@@ -8,9 +8,14 @@ Placement
     deterministically (the j-th token-assignment to the expert, in token order, goes to replica
     ``j mod replicas``).
 
+Classes
+    :class:`ExpertSlots` holds a layer's placement, the dispatch and the replica gradient
+    reduction; :class:`ExpertParallelMoE` adds moeplane's own router and SwiGLU experts; the
+    Hugging Face wrapper (:mod:`moeplane.agents.sdk.hf_ep`) adds a transformers model's experts.
+
 Forward, for ``x[..., d_model]`` flattened to ``T`` tokens
     router (a replicated ``Linear``) -> softmax -> top-k logical experts and gates (renormalised)
-    -> physical slot per assignment -> one ``all_to_all_single`` of per-slot counts (``[G*S]``
+    -> :meth:`ExpertSlots.dispatch`: physical slot per assignment -> one ``all_to_all_single`` of per-slot counts (``[G*S]``
     int64) -> ``all_to_all`` of the token rows -> each slot's SwiGLU FFN on its rows ->
     ``all_to_all`` back -> gate-weighted sum over the k choices. Gradients flow through both
     all-to-alls (:func:`moeplane.agents.sdk.comm.all_to_all`).
@@ -52,60 +57,59 @@ from moeplane.agents.sdk.comm import all_to_all, exchange
 from moeplane.agents.sdk.placement import PlacementError, replica_table
 
 
-class ExpertParallelMoE(nn.Module):
-    """One MoE layer whose experts live in physical slots spread over the ranks.
+class ExpertSlots(nn.Module):
+    """The physical expert slots of one MoE layer, spread over the ranks of ``group``.
+
+    Holds the placement (``phy2log_row``, replica tables), dispatches routed token-assignments
+    to their slots with the all-to-alls (:meth:`dispatch`) and reduces expert gradients over
+    replicas (:meth:`reduce_expert_grads`). A subclass owns the per-slot parameters
+    (:meth:`expert_parameters`, each with leading dimension S) and computes the slots' FFN
+    (:meth:`slot_forward`); the router is the subclass's (or the wrapped model's) own.
 
     Args:
-        d_model: model width.
-        d_ff: hidden width of each expert's SwiGLU FFN.
         num_experts: logical experts E.
-        top_k: experts per token.
         phy2log_row: ``[G*S]`` logical expert in each physical slot of this layer.
         slots_per_rank: S.
         layer: index of this MoE layer (row of the job's ``phy2log[L, G*S]``).
         group: expert-parallel process group (default: the world).
 
-    Parameters ``w1, w3 [S, d_model, d_ff]`` and ``w2 [S, d_ff, d_model]`` hold this rank's slots.
     ``step_counts [E]`` int64 accumulates the tokens routed to each logical expert (all
     forwards since the last reset; see :func:`attach_counter`). ``last_received`` is the number
     of token-assignments this rank's slots processed in the latest forward.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        d_ff: int,
-        num_experts: int,
-        top_k: int,
-        phy2log_row,
-        *,
-        slots_per_rank: int,
-        layer: int = 0,
-        group=None,
-    ):
+    def __init__(self, num_experts: int, phy2log_row, *, slots_per_rank: int, layer: int = 0,
+                 group=None):
         super().__init__()
-        if not 1 <= top_k <= num_experts:
-            raise ValueError(f"top_k: {top_k} not in [1, {num_experts}]")
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self.d_model, self.d_ff = d_model, d_ff
-        self.num_experts, self.top_k = num_experts, top_k
+        self.num_experts = num_experts
         self.slots_per_rank, self.layer = slots_per_rank, layer
-        self.router = nn.Linear(d_model, num_experts, bias=False)
-        slots = slots_per_rank
-        self.w1 = nn.Parameter(torch.empty(slots, d_model, d_ff))
-        self.w3 = nn.Parameter(torch.empty(slots, d_model, d_ff))
-        self.w2 = nn.Parameter(torch.empty(slots, d_ff, d_model))
         self.register_buffer("step_counts", torch.zeros(num_experts, dtype=torch.int64), False)
         self.last_received = 0
         self.set_placement(phy2log_row)
 
-    # ------------------------------------------------------------------ placement
-
     def expert_parameters(self) -> list[nn.Parameter]:
         """The per-slot parameters, each with leading dimension S."""
-        return [self.w1, self.w3, self.w2]
+        raise NotImplementedError
+
+    def slot_forward(
+        self, x: torch.Tensor, local_slot: torch.Tensor, per_slot: list[int]
+    ) -> torch.Tensor:
+        """Each received row through its slot's FFN, without gating.
+
+        Args:
+            x: ``[N, d_model]`` rows received by this rank.
+            local_slot: ``[N]`` int64 local slot (``0..S-1``) of each row.
+            per_slot: ``[S]`` rows per local slot (host ints, ``sum == N``).
+
+        Returns:
+            ``[N, d_model]`` in the order of ``x``.
+        """
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ placement
 
     @property
     def phy2log_row(self) -> np.ndarray:
@@ -124,7 +128,7 @@ class ExpertParallelMoE(nn.Module):
         slots, count = replica_table(row, self.num_experts)
         if (count == 0).any():
             raise PlacementError("phy2log_row", f"experts {np.flatnonzero(count == 0)} unplaced")
-        device = self.w1.device
+        device = self.step_counts.device
         self._row = row
         self._replica_slots = torch.as_tensor(slots, device=device)
         self._replica_count = torch.as_tensor(count, device=device)
@@ -134,29 +138,24 @@ class ExpertParallelMoE(nn.Module):
         s = self.slots_per_rank
         return self._row[self.rank * s : (self.rank + 1) * s]
 
-    @torch.no_grad()
-    def init_experts(self, seed: int) -> None:
-        """Initialise every local slot from its logical expert's own seed (placement-free)."""
-        for slot, expert in enumerate(self.local_experts().tolist()):
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + self.layer * 10_007 + expert)
-            for p in self.expert_parameters():
-                fan_in = p.shape[1]
-                w = torch.randn(p.shape[1:], generator=gen) / math.sqrt(fan_in)
-                p[slot].copy_(w)
+    # ------------------------------------------------------------------ dispatch
 
-    # ------------------------------------------------------------------ forward
+    def dispatch(self, x: torch.Tensor, idx: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """Run routed token-assignments on their slots, wherever they are; gate and sum.
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, self.d_model)
-        tokens, k = x.shape[0], self.top_k
+        Args:
+            x: ``[T, d_model]`` this rank's tokens.
+            idx: ``[T, k]`` int64 logical expert of each of the token's k choices.
+            gate: ``[T, k]`` routing weight of each choice.
+
+        Returns:
+            ``[T, d_model]``: the sum over the k choices of gate times the expert's output.
+        """
+        tokens, k = idx.shape
         g, s = self.world_size, self.slots_per_rank
         if self._replica_slots.device != x.device:
             self._replica_slots = self._replica_slots.to(x.device)
             self._replica_count = self._replica_count.to(x.device)
-        probs = torch.softmax(self.router(x).float(), dim=-1)
-        gate, idx = probs.topk(k, dim=-1)
-        gate = (gate / gate.sum(dim=-1, keepdim=True)).to(x.dtype)
         expert = idx.reshape(-1)  # [A] logical expert of each assignment, A = T*k
         counts = torch.bincount(expert, minlength=self.num_experts)
         with torch.no_grad():
@@ -178,13 +177,10 @@ class ExpertParallelMoE(nn.Module):
         local_slot = torch.repeat_interleave(
             local_slot, recv_slot_counts, output_size=sum(recv_splits)
         )
-        by_slot = torch.argsort(local_slot, stable=True)
-        chunks = x_recv[by_slot].split(per_slot)
-        y_sorted = torch.cat([self._ffn(chunk, j) for j, chunk in enumerate(chunks)])
-        y_recv = y_sorted[_inverse(by_slot)]
+        y_recv = self.slot_forward(x_recv, local_slot, per_slot)
         y_back = all_to_all(y_recv, send_splits, recv_splits, self.group)
-        y = y_back[_inverse(send_order)].view(tokens, k, self.d_model)
-        return (y * gate.unsqueeze(-1)).sum(dim=1).reshape(shape)
+        y = y_back[_inverse(send_order)].view(tokens, k, x.shape[-1])
+        return (y * gate.unsqueeze(-1).to(y.dtype)).sum(dim=1)
 
     def _assign_slots(self, expert: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Global slot of each assignment: round-robin over the expert's replicas."""
@@ -194,9 +190,6 @@ class ExpertParallelMoE(nn.Module):
         position[order] = torch.arange(expert.numel(), device=expert.device) - starts[expert[order]]
         replica = position % self._replica_count[expert]
         return self._replica_slots[expert, replica]
-
-    def _ffn(self, x: torch.Tensor, slot: int) -> torch.Tensor:
-        return (F.silu(x @ self.w1[slot]) * (x @ self.w3[slot])) @ self.w2[slot]
 
     # ------------------------------------------------------------------ gradients
 
@@ -250,20 +243,96 @@ class ExpertParallelMoE(nn.Module):
             offset += width
 
 
+class ExpertParallelMoE(ExpertSlots):
+    """One MoE layer: a softmax top-k router and SwiGLU experts in slots spread over the ranks.
+
+    Args:
+        d_model: model width.
+        d_ff: hidden width of each expert's SwiGLU FFN.
+        num_experts: logical experts E.
+        top_k: experts per token.
+        phy2log_row: ``[G*S]`` logical expert in each physical slot of this layer.
+        slots_per_rank: S.
+        layer: index of this MoE layer (row of the job's ``phy2log[L, G*S]``).
+        group: expert-parallel process group (default: the world).
+
+    Parameters ``w1, w3 [S, d_model, d_ff]`` and ``w2 [S, d_ff, d_model]`` hold this rank's slots.
+    Placement, dispatch and gradient reduction: :class:`ExpertSlots`.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        num_experts: int,
+        top_k: int,
+        phy2log_row,
+        *,
+        slots_per_rank: int,
+        layer: int = 0,
+        group=None,
+    ):
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k: {top_k} not in [1, {num_experts}]")
+        super().__init__(
+            num_experts, phy2log_row, slots_per_rank=slots_per_rank, layer=layer, group=group
+        )
+        self.d_model, self.d_ff = d_model, d_ff
+        self.top_k = top_k
+        self.router = nn.Linear(d_model, num_experts, bias=False)
+        slots = slots_per_rank
+        self.w1 = nn.Parameter(torch.empty(slots, d_model, d_ff))
+        self.w3 = nn.Parameter(torch.empty(slots, d_model, d_ff))
+        self.w2 = nn.Parameter(torch.empty(slots, d_ff, d_model))
+
+    def expert_parameters(self) -> list[nn.Parameter]:
+        """The per-slot parameters, each with leading dimension S."""
+        return [self.w1, self.w3, self.w2]
+
+    @torch.no_grad()
+    def init_experts(self, seed: int) -> None:
+        """Initialise every local slot from its logical expert's own seed (placement-free)."""
+        for slot, expert in enumerate(self.local_experts().tolist()):
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + self.layer * 10_007 + expert)
+            for p in self.expert_parameters():
+                fan_in = p.shape[1]
+                w = torch.randn(p.shape[1:], generator=gen) / math.sqrt(fan_in)
+                p[slot].copy_(w)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, self.d_model)
+        probs = torch.softmax(self.router(x).float(), dim=-1)
+        gate, idx = probs.topk(self.top_k, dim=-1)
+        gate = (gate / gate.sum(dim=-1, keepdim=True)).to(x.dtype)
+        return self.dispatch(x, idx, gate).reshape(shape)
+
+    def slot_forward(
+        self, x: torch.Tensor, local_slot: torch.Tensor, per_slot: list[int]
+    ) -> torch.Tensor:
+        by_slot = torch.argsort(local_slot, stable=True)
+        chunks = x[by_slot].split(per_slot)
+        y_sorted = torch.cat([self._ffn(chunk, j) for j, chunk in enumerate(chunks)])
+        return y_sorted[_inverse(by_slot)]
+
+    def _ffn(self, x: torch.Tensor, slot: int) -> torch.Tensor:
+        return (F.silu(x @ self.w1[slot]) * (x @ self.w3[slot])) @ self.w2[slot]
+
+
 def _inverse(perm: torch.Tensor) -> torch.Tensor:
     inv = torch.empty_like(perm)
     inv[perm] = torch.arange(perm.numel(), device=perm.device)
     return inv
 
 
-def moe_blocks(model: nn.Module) -> list[ExpertParallelMoE]:
-    """The model's MoE blocks, ordered by their ``layer`` index."""
+def moe_blocks(model: nn.Module) -> list[ExpertSlots]:
+    """The model's MoE blocks (any :class:`ExpertSlots`), ordered by their ``layer`` index."""
     return sorted(
-        (m for m in model.modules() if isinstance(m, ExpertParallelMoE)), key=lambda b: b.layer
+        (m for m in model.modules() if isinstance(m, ExpertSlots)), key=lambda b: b.layer
     )
 
 
-def attach_counter(blocks: list[ExpertParallelMoE]) -> torch.Tensor:
+def attach_counter(blocks: list[ExpertSlots]) -> torch.Tensor:
     """One ``[L, E]`` int64 buffer whose rows are the blocks' ``step_counts`` (views).
 
     Reading it once per step (and zeroing it) yields the per-layer loads without a stack.
@@ -271,7 +340,7 @@ def attach_counter(blocks: list[ExpertParallelMoE]) -> torch.Tensor:
     if not blocks:
         raise ValueError("blocks: no MoE blocks")
     counter = torch.zeros(
-        len(blocks), blocks[0].num_experts, dtype=torch.int64, device=blocks[0].w1.device
+        len(blocks), blocks[0].num_experts, dtype=torch.int64, device=blocks[0].step_counts.device
     )
     for i, block in enumerate(blocks):
         block.step_counts = counter[i]
