@@ -26,7 +26,7 @@ from moeplane.controlplane.balancing import (
     layer_balancedness,
     plan_placement,
 )
-from moeplane.controlplane.controller.policy import RebalancePolicy
+from moeplane.controlplane.domain.rebalance_policy import RebalancePolicy
 
 
 class Action(StrEnum):

@@ -32,7 +32,7 @@ from sqlalchemy.engine import Engine
 
 from moeplane.controlplane.controller.leader import Leadership
 from moeplane.controlplane.controller.loop import ReconcileLoop
-from moeplane.controlplane.controller.policy import Mode
+from moeplane.controlplane.domain.rebalance_policy import Mode
 from moeplane.controlplane.memory import (
     InputError,
     NodeMemory,

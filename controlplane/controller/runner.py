@@ -20,7 +20,7 @@ from moeplane.controlplane.balancing import balancedness, identity_placement
 from moeplane.controlplane.controller.decide import Action, decide
 from moeplane.controlplane.controller.leader import Leadership
 from moeplane.controlplane.controller.loop import ReconcileLoop
-from moeplane.controlplane.controller.policy import Mode
+from moeplane.controlplane.domain.rebalance_policy import Mode
 from moeplane.controlplane.store import plans as P
 from moeplane.controlplane.store import queries as q
 from moeplane.controlplane.store import tables as t

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
-from moeplane.controlplane.controller.policy import Mode
+from moeplane.controlplane.domain.rebalance_policy import Mode
 from moeplane.controlplane.memory import WatermarkPolicy
 
 

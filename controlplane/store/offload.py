@@ -17,7 +17,7 @@ from enum import StrEnum
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from moeplane.controlplane.controller.offload_policy import OffloadPolicy
+from moeplane.controlplane.domain.offload_policy import OffloadPolicy
 from moeplane.controlplane.store import tables as t
 from moeplane.controlplane.store.lifecycle import check_term
 from moeplane.controlplane.store.lifecycle import now as _now

@@ -16,7 +16,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from moeplane.controlplane.controller.policy import RebalancePolicy
+from moeplane.controlplane.domain.rebalance_policy import RebalancePolicy
 from moeplane.controlplane.store import tables as t
 from moeplane.controlplane.store.lifecycle import check_term
 from moeplane.controlplane.store.lifecycle import now as _now

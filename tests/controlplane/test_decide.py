@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from moeplane.controlplane.controller.decide import Action, decide, migration_stall_s
-from moeplane.controlplane.controller.policy import RebalancePolicy
 from moeplane.controlplane.controller.runner import ema, identity
+from moeplane.controlplane.domain.rebalance_policy import RebalancePolicy
 
 L, E, G, S = 4, 16, 4, 4
 
