@@ -2,7 +2,7 @@
 
     flock /tmp/moeplane-bench.lock .venv/bin/python -m benchmarks.fanout --agents 256 1024 --rounds 20
 
-(``--out FILE`` writes the results table; docs/bench-fanout.md keeps it with the history.)
+(``--out FILE`` writes the results table; docs/bench-fanout.md gives the text around it.)
 
 Real ``moeplane serve`` on a fresh PostgreSQL database (in-process bus; with ``--replicas 2``
 two serve processes share Redis and the agents are spread over them); the agents are

@@ -17,7 +17,7 @@ Measured side by side in one run, per case:
   fresh        plan_placement without current vs eplb_greedy (vectorized) and a loop EPLB;
   incremental  current = EPLB plan of steps [0, 20), loads = mean of steps [50, 70): ours
                (default settings: the repair search) vs a fresh EPLB plan, the
-               swap-the-heaviest heuristic and our earlier default (``search="relieve"``);
+               swap-the-heaviest heuristic and the relieve search (``search="relieve"``);
   budgeted     max_moves = 3% and 6% of slots;
   replay       re-plan every 10 steps from the mean of the last 20 (ours, incremental) vs EPLB
                every 10 / every 50 steps vs an EPLB plan tuned once; time per step = expert
@@ -209,8 +209,8 @@ def _print_tables(static_rows, replay_rows):
               f"({r['eplb_moves']:.1%}) | {r['swap_bal']:.4f} ({r['swap_moves']:.1%}) | "
               f"{r['inc_bal']:.4f} ({r['inc_moves']:.1%}, {r['inc_cross']}) | "
               f"{r['inc_bal'] - r['eplb_bal']:+.4f} | {r['t_inc']:.1f} | {r['r_inc']:.2f} |")
-    print("\n### Incremental after drift, the relieve search (`search=\"relieve\"`, the earlier "
-          "default; same cases)\n")
+    print("\n### Incremental after drift, the relieve search (`search=\"relieve\"`, most loaded "
+          "GPUs first; same cases)\n")
     print("| case | trace | relieve bal (moves, cross-node) | relieve - fresh EPLB | "
           "ours moves / relieve | relieve ms | relieve / loop EPLB | ours / relieve (time) |")
     print("|---|---|---|---|---|---|---|---|")

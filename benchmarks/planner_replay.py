@@ -8,7 +8,7 @@ master and Adam moments - over 25 GB/s per rank).
 
 Policies (``k`` = re-plan period in steps; "mean of 20" = mean of the last 20 steps):
   ours@10        plan_placement(mean of 20, current=placement), default settings (headline);
-  ours@10 relieve the same with ``search="relieve"``, the earlier default search (extra row);
+  ours@10 relieve the same with ``search="relieve"``, most loaded GPUs first (extra row);
   ours@10+fc     the same, fed the forecaster with the least one-step-ahead error on the last
                  ``FC_HISTORY`` steps among ``FORECASTERS`` (extra row, not the headline);
   eplb@10/@50    EPLB's greedy from the mean of 20, every 10 / 50 steps;

@@ -79,7 +79,7 @@ class DryRunRequest(BaseModel):
     incremental: bool = True
     search: Literal["repair", "relieve"] = Field(
         default="repair",
-        description="incremental search: repair (default, fewer moves) or relieve (the earlier one)")
+        description="incremental search: repair (default, fewer moves) or relieve (most loaded GPUs first)")
 
 
 class DryRunResult(BaseModel):

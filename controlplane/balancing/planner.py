@@ -128,8 +128,8 @@ def plan_placement(
     steps (0: none). ``search``: how an incremental plan without ``max_moves`` finds its
     steps, ``"repair"`` (``repair.repair_search``: every GPU above EPLB's greedy +
     ``tolerance``, by the steps that remove the most excess per move; the default) or
-    ``"relieve"`` (``search.local_search``: the most loaded GPUs of each layer first; the
-    earlier default, more moves for the same balance). Pure and deterministic. Raises
+    ``"relieve"`` (``search.local_search``: the most loaded GPUs of each layer first; more
+    moves for the same balance). Pure and deterministic. Raises
     ValueError naming the argument on bad input.
     """
     w = check_loads(loads)

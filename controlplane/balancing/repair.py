@@ -37,7 +37,7 @@ lowers its excess, or after ``max_rounds`` evaluations. Every state is recorded 
 go, as for ``local_search``.
 
 The constants were chosen on the simulator's drift at 58x256 / 64x5 and 32x9 (seeds 0-3, two
-windows) and the random-walk family: see docs/bench-planner.md, seventh round.
+windows) and the random-walk family: see docs/design-planner.md.
 
 Shapes: L layers, E experts, G GPUs, S slots per GPU, N = G*S slots.
 """

@@ -36,7 +36,7 @@ def register(subparsers) -> None:
     parser.add_argument("--max-moves", type=int, help="most expert copies to move (needs --current)")
     parser.add_argument("--search", choices=("repair", "relieve"), default="repair",
                         help="incremental search without --max-moves: repair (default) or "
-                             "relieve (the earlier search: more moves for the same balance)")
+                             "relieve (the most loaded GPUs first: more moves for the same balance)")
     parser.add_argument("--out", required=True, help="PLAN.npy to write, int64 [L, G*S]")
     parser.add_argument("--report", help="REPORT.json to write")
 

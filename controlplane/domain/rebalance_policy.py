@@ -30,8 +30,8 @@ class RebalancePolicy:
     intra_node_bytes_per_s, cross_node_bytes_per_s: link bandwidth per rank.
     moe_time_fraction: share of a step spent in expert compute (scales with max rank load).
     max_moves: most expert copies moved per plan (None: planner's choice).
-    search: the planner's incremental search, "repair" (default) or "relieve" (the earlier
-        search: more moves for the same balance; ``plan_placement``).
+    search: the planner's incremental search, "repair" (default) or "relieve" (the most
+        loaded GPUs first: more moves for the same balance; ``plan_placement``).
     plan_timeout_s: a pushed plan not applied by then is marked failed.
     """
 

@@ -41,9 +41,7 @@ class PlanReports:
             150-250 ms on 2 cores, reports arriving every few ms); waiting for the quiet puts
             them in one or two transactions AFTER the fan-out, so neither their database work
             nor their acks compete with the plan's writes, while a small job's reports are
-            recorded ``quiet_s`` after the last one. (1,024-agent fan-out, last-agent p99 over
-            100 rounds: 293-342 ms with a fixed 50 ms window, 198-249 ms with a fixed 200 ms
-            one; docs/bench-fanout.md.)
+            recorded ``quiet_s`` after the last one (docs/bench-fanout.md).
         linger_s: after the first report of a batch, close it after this long (seconds) even
             if reports keep coming; a report's ack waits at most this much longer than its own
             transaction.
