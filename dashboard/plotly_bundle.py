@@ -1,8 +1,8 @@
 """Serve the plotly.js "cartesian" partial bundle in place of Dash's full plotly.js.
 
 With ``serve_locally`` the Dash renderer loads plotly.js from ``PLOTLY_JS`` (under the
-requests prefix) when the first graph mounts; compiling the full 4.8 MB bundle was most of the
-first view. Every figure of the dashboard uses only ``TRACE_TYPES``, all in the 1.4 MB
+requests prefix) when the first graph mounts; compiling the full 4.8 MB bundle would be most of
+the first view. Every figure of the dashboard uses only ``TRACE_TYPES``, all in the 1.4 MB
 cartesian bundle (``dashboard/vendor``). It is served only when its version is the one
 plotly.py bundles, so the JS matches what dcc.Graph was built against.
 """

@@ -2,7 +2,7 @@
 
 When a plan goes out to 1,024 agents, 1,024 reports of it come back within milliseconds;
 recorded one transaction each (plan row lock, membership read, event insert, two counts) they
-took 75 % of the server's sampled time while the plan was still being sent. Here the first
+would take most of the server's time while the plan is still being sent. The first
 report of a (job, epoch) opens a window that closes once no report of that plan arrived for
 ``quiet_s`` (its fan-out is over), after ``linger_s`` at the most, or at ``max_batch`` reports;
 then one ``plans.record_reports`` call in a worker thread records the whole batch,
