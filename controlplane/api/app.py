@@ -11,6 +11,7 @@ from moeplane.controlplane.api.metrics import router as metrics_router
 from moeplane.controlplane.api.offload import router as offload_router
 from moeplane.controlplane.api.plans import default_router as default_policy_router
 from moeplane.controlplane.api.plans import router as plans_router
+from moeplane.controlplane.api.rl import router as rl_router
 from moeplane.controlplane.api.routes import router
 from moeplane.controlplane.api.tokens import router as tokens_router
 from moeplane.controlplane.auth.http import AUTH_RESPONSES, AuthDep, document_security
@@ -43,6 +44,7 @@ def create_api(engine: Engine, **state) -> FastAPI:
     app.include_router(metrics_router)
     app.include_router(default_policy_router)
     app.include_router(offload_router)
+    app.include_router(rl_router)
 
     @app.exception_handler(NotFound)
     async def _not_found(_request: Request, exc: NotFound):

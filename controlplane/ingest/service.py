@@ -27,6 +27,7 @@ from moeplane.controlplane.ingest import planpush, planreports
 from moeplane.controlplane.ingest import validate as v
 from moeplane.controlplane.ingest.batcher import Batcher
 from moeplane.controlplane.ingest.following import SharedChannels
+from moeplane.controlplane.ingest.rl import RLIngest
 from moeplane.controlplane.store import memory_profiles, offload
 from moeplane.controlplane.store.queries import NotFound
 from moeplane.controlplane.store.records import MarkerRecord
@@ -94,6 +95,7 @@ class IngestService(rpc.IngestServicer):
         self.channels = SharedChannels(bus)  # one bus subscription per job channel, not per stream
         self.plans = planpush.PlanCache(self.channels)  # shared plan bytes
         self.plan_reports = planreports.PlanReports(writer.engine, clock)  # one transaction per batch
+        self.rl = RLIngest(writer.engine)  # RL phase spans, weight syncs, batches
 
     async def Connect(self, request_iterator, context):  # noqa: N802 - gRPC method name
         principal = None
@@ -306,6 +308,9 @@ class _Stream:
             rec = MarkerRecord(self.node_id, seq)
         elif kind == "offload_report":
             await self.on_offload_report(msg)
+            rec = MarkerRecord(self.node_id, seq)
+        elif kind == "rl":  # stored idempotently by key, then the (node, seq) claim as above
+            await self.svc.rl.accept(msg.rl, node_id=self.node_id, job_id=self.job_id)
             rec = MarkerRecord(self.node_id, seq)
         else:  # pragma: no cover - every oneof member is handled above
             raise WireError("body", f"unexpected {kind}")

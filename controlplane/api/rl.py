@@ -1,0 +1,191 @@
+"""RL router: a job's phase spans, weight syncs, consumed batches, idle analysis and a
+Chrome-trace export, over a step range [step_start, step_end).
+
+Without a range the newest ``DEFAULT_STEPS`` steps with spans are read. A range with
+step_end <= step_start, or wider than ``MAX_STEPS``, is refused with 422.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import numpy as np
+from fastapi import APIRouter, Query
+from pydantic import BaseModel
+
+from moeplane.controlplane.api.deps import EngineDep
+from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
+from moeplane.controlplane.rl import idle
+from moeplane.controlplane.rl.phases import PHASES, ROLES
+from moeplane.controlplane.rl.trace import chrome_trace
+from moeplane.controlplane.store import rl as store_rl
+from moeplane.controlplane.store.queries import require_job
+
+router = APIRouter(prefix="/api/v1/jobs/{job_id}/rl", tags=["rl"])
+RESPONSES = NOT_FOUND | BAD
+DEFAULT_STEPS = 50
+MAX_STEPS = 10_000
+
+StepStart = Annotated[int | None, Query(ge=0, le=2**62, description="from this step, inclusive")]
+StepEnd = Annotated[int | None, Query(ge=1, le=2**62, description="to this step, exclusive")]
+Limit = Annotated[int, Query(ge=1, le=store_rl.MAX_SPANS, description="most spans read")]
+
+
+def step_range(engine, job_id: str, step_start: int | None, step_end: int | None) -> tuple[int, int]:
+    """The [start, end) steps to read; raises ValueError (422) for a bad range."""
+    require_job(engine, job_id)
+    if step_start is not None and step_end is not None and step_end <= step_start:
+        raise ValueError(f"step_end: {step_end} must be above step_start {step_start}")
+    if step_end is None:
+        if step_start is not None:
+            step_end = step_start + DEFAULT_STEPS
+        else:
+            newest = store_rl.latest_step(engine, job_id)
+            step_end = 1 if newest is None else int(newest) + 1
+    if step_start is None:
+        step_start = max(0, step_end - DEFAULT_STEPS)
+    if step_end - step_start > MAX_STEPS:
+        raise ValueError(f"step_end: a range of {step_end - step_start} steps exceeds {MAX_STEPS}")
+    return step_start, step_end
+
+
+class SpanColumns(BaseModel):
+    """Spans as columns (row i is one span); times unix seconds."""
+
+    job_id: str
+    step_start: int
+    step_end: int
+    count: int
+    truncated: bool
+    step: list[int]
+    rank: list[int]
+    node: list[str]
+    role: list[str]
+    phase: list[str]
+    version: list[int]
+    start: list[float]
+    end: list[float]
+    tokens: list[int]
+
+
+def _read(engine, job_id, step_start, step_end, limit):
+    lo, hi = step_range(engine, job_id, step_start, step_end)
+    return lo, hi, store_rl.read_spans(engine, job_id, lo, hi, limit=limit)
+
+
+@router.get("/spans", response_model=SpanColumns, responses=RESPONSES)
+async def spans(engine: EngineDep, job_id: JobId, step_start: StepStart = None, step_end: StepEnd = None,
+                limit: Limit = 100_000) -> dict:
+    lo, hi, s = await asyncio.to_thread(_read, engine, job_id, step_start, step_end, limit)
+    return {
+        "job_id": job_id, "step_start": lo, "step_end": hi, "count": len(s), "truncated": len(s) >= limit,
+        "step": s.step.tolist(), "rank": s.rank.tolist(), "node": [str(n) for n in s.node],
+        "role": [ROLES[c] for c in s.role.tolist()], "phase": [PHASES[c] for c in s.phase.tolist()],
+        "version": s.version.tolist(), "start": s.start.tolist(), "end": s.end.tolist(),
+        "tokens": s.tokens.tolist(),
+    }
+
+
+class WeightSyncOut(BaseModel):
+    step: int
+    rank: int
+    node_id: str
+    from_version: int
+    to_version: int
+    bytes: int
+    start_ts: float
+    pause_s: float
+    transfer_s: float
+    resume_s: float
+    gb_per_s: float | None
+
+
+@router.get("/syncs", response_model=list[WeightSyncOut], responses=RESPONSES)
+async def syncs(engine: EngineDep, job_id: JobId, step_start: StepStart = None,
+                step_end: StepEnd = None) -> list[dict]:
+    def read():
+        lo, hi = step_range(engine, job_id, step_start, step_end)
+        return store_rl.read_syncs(engine, job_id, lo, hi)
+
+    rows = await asyncio.to_thread(read)
+    for r in rows:
+        r["gb_per_s"] = r["bytes"] / r["transfer_s"] / 1e9 if r["transfer_s"] > 0 else None
+    return rows
+
+
+class BatchOut(BaseModel):
+    step: int
+    rank: int
+    node_id: str
+    trained_version: int
+    samples: int
+    lag_min: int
+    lag_mean: float
+    lag_max: int
+    bound: int
+    dropped: int
+    partial: int
+    ts: float
+
+
+@router.get("/batches", response_model=list[BatchOut], responses=RESPONSES)
+async def batches(engine: EngineDep, job_id: JobId, step_start: StepStart = None,
+                  step_end: StepEnd = None) -> list[dict]:
+    def read():
+        lo, hi = step_range(engine, job_id, step_start, step_end)
+        return store_rl.read_batches(engine, job_id, lo, hi)
+
+    return await asyncio.to_thread(read)
+
+
+class IdleOut(BaseModel):
+    """The idle analysis (moeplane.controlplane.rl.idle): ``summary`` per job; per step
+    (index s of ``steps``) the window, bottleneck and device-seconds by category and idle
+    cause; per device (index d of ``ranks``) and step, idle seconds ``idle[s][d]``."""
+
+    job_id: str
+    step_start: int
+    step_end: int
+    summary: dict
+    causes: list[str]
+    steps: list[int]
+    ranks: list[int]
+    roles: list[str]
+    wall_s: list[float]
+    bottleneck: list[str | None]
+    tail_ratio: list[float | None]
+    productive_s: list[float]
+    sync_s: list[float]
+    switch_s: list[float]
+    idle_by_cause_s: list[list[float]]
+    idle: list[list[float]]
+
+
+@router.get("/idle", response_model=IdleOut, responses=RESPONSES)
+async def idle_analysis(engine: EngineDep, job_id: JobId, step_start: StepStart = None,
+                        step_end: StepEnd = None) -> dict:
+    def run():
+        lo, hi, s = _read(engine, job_id, step_start, step_end, store_rl.MAX_SPANS)
+        return lo, hi, idle.analyze(s)
+
+    lo, hi, rep = await asyncio.to_thread(run)
+    tails = idle.step_tail_ratios(rep)
+    return {
+        "job_id": job_id, "step_start": lo, "step_end": hi, "summary": rep.summary(),
+        "causes": list(idle.CAUSES), "steps": rep.steps.tolist(), "ranks": rep.ranks.tolist(),
+        "roles": [ROLES[c] for c in rep.roles.tolist()], "wall_s": rep.wall.tolist(),
+        "bottleneck": [idle.BOTTLENECKS[b] if b >= 0 else None for b in rep.bottleneck.tolist()],
+        "tail_ratio": [None if not np.isfinite(x) else float(x) for x in tails],
+        "productive_s": rep.productive.sum(axis=1).tolist(), "sync_s": rep.sync.sum(axis=1).tolist(),
+        "switch_s": rep.switch.sum(axis=1).tolist(), "idle_by_cause_s": rep.idle_cause.sum(axis=1).tolist(),
+        "idle": rep.idle.tolist(),
+    }
+
+
+@router.get("/trace", responses=RESPONSES | {200: {"description": "Chrome trace JSON (traceEvents)"}})
+async def trace(engine: EngineDep, job_id: JobId, step_start: StepStart = None, step_end: StepEnd = None,
+                limit: Limit = 1_000_000) -> dict:
+    """The spans as Chrome-trace / Perfetto JSON: pid = node, tid = rank, ``ph: "X"``."""
+    _lo, _hi, s = await asyncio.to_thread(_read, engine, job_id, step_start, step_end, limit)
+    return chrome_trace(s, job_id)

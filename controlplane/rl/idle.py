@@ -1,0 +1,211 @@
+"""Idle ("black hole") analysis of RL post-training, computed from phase spans.
+
+Each step's window is the job's: from the first span start to the last span end of that step
+over every device. A device present in a step (it has a span in it) is charged the whole window:
+
+    wall = productive + sync + switch + idle
+
+- productive: the union of the device's productive spans (``phases.PRODUCTIVE``);
+- sync: its ``weight_sync`` time outside productive time; switch: its ``offload``/``onload``
+  time outside both (mode-switch overhead of a colocated device);
+- idle: the rest (``wait`` spans count as idle: they are what the device says it waited for).
+
+Idle is attributed to one cause per instant, first match in this order:
+
+1. ``staleness_throttle``: inside the device's own ``wait`` span when it is a rollout device
+   (held back by the staleness bound); ``starvation`` for any other role's ``wait``;
+2. another device is generating: ``generation_tail`` when this device generated in this step
+   (it finished its rollouts early), else ``starvation`` (waiting for samples);
+3. any device is in ``weight_sync``: ``refit_bubble``;
+4. any device is in ``offload``/``onload``: ``mode_switch``;
+5. a rollout device while any device trains: ``staleness_throttle`` (waiting for new weights);
+6. else ``other``.
+
+Per job: the black-hole fraction (idle device-seconds / device-seconds), the tail ratio (per
+step: max / median of the devices' generation time; the job's is the mean over steps), the sync
+share (sync device-seconds / device-seconds) and a bottleneck class per step, the largest of the
+job-wide union of generation, of trainer phases, and of weight sync plus offload/onload.
+A framework's per-step timers (rank -1 spans) are not devices: they are left out here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from moeplane.controlplane.rl import intervals as iv
+from moeplane.controlplane.rl.phases import (
+    PHASE_CODE,
+    PRODUCTIVE,
+    ROLE_CODE,
+    SWITCH,
+    SYNC,
+    TRAINER_PHASES,
+    WAIT,
+    Spans,
+)
+
+CAUSES = ("generation_tail", "starvation", "refit_bubble", "mode_switch", "staleness_throttle", "other")
+BOTTLENECKS = ("rollout", "trainer", "sync")
+
+
+def _codes(names) -> np.ndarray:
+    return np.array(sorted(PHASE_CODE[n] for n in names), dtype=np.int8)
+
+
+_PRODUCTIVE, _SYNC, _SWITCH, _WAIT = _codes(PRODUCTIVE), _codes(SYNC), _codes(SWITCH), _codes(WAIT)
+_TRAIN, _GEN = _codes(TRAINER_PHASES), _codes(("generate",))
+_ROLLOUT = ROLE_CODE["rollout"]
+
+
+@dataclass(frozen=True)
+class IdleReport:
+    """Per (step, device) breakdown, seconds. S steps, D devices (ranks).
+
+    steps int64 [S]; ranks int32 [D]; roles int8 [D] (each rank's role, its last one seen);
+    window_start float64 [S] (unix s); wall float64 [S] (the step window, s);
+    present bool [S, D]; productive, sync, switch, idle float64 [S, D];
+    idle_cause float64 [S, D, len(CAUSES)]; generate float64 [S, D] (generation time);
+    bottleneck int8 [S] (index into BOTTLENECKS, -1: no device span in the step).
+    """
+
+    steps: np.ndarray
+    ranks: np.ndarray
+    roles: np.ndarray
+    window_start: np.ndarray
+    wall: np.ndarray
+    present: np.ndarray
+    productive: np.ndarray
+    sync: np.ndarray
+    switch: np.ndarray
+    idle: np.ndarray
+    idle_cause: np.ndarray
+    generate: np.ndarray
+    bottleneck: np.ndarray
+
+    def device_seconds(self) -> float:
+        return float((self.wall[:, None] * self.present).sum())
+
+    def summary(self) -> dict:
+        """Per job: black_hole_fraction, tail_ratio (mean over steps with generation; also
+        tail_ratio_max), sync_share, switch_share, idle seconds by cause, bottleneck (the class
+        holding the most step wall time) and device_seconds."""
+        total = self.device_seconds()
+        tails = step_tail_ratios(self)
+        tails = tails[np.isfinite(tails)]
+        by_class = np.zeros(len(BOTTLENECKS))
+        for b, w in zip(self.bottleneck, self.wall, strict=True):
+            if b >= 0:
+                by_class[b] += w
+        return {
+            "steps": int(self.steps.size),
+            "devices": int(self.ranks.size),
+            "device_seconds": total,
+            "black_hole_fraction": float(self.idle.sum() / total) if total > 0 else 0.0,
+            "tail_ratio": float(tails.mean()) if tails.size else None,
+            "tail_ratio_max": float(tails.max()) if tails.size else None,
+            "sync_share": float(self.sync.sum() / total) if total > 0 else 0.0,
+            "switch_share": float(self.switch.sum() / total) if total > 0 else 0.0,
+            "idle_by_cause_s": {c: float(self.idle_cause[:, :, i].sum()) for i, c in enumerate(CAUSES)},
+            "bottleneck": BOTTLENECKS[int(by_class.argmax())] if by_class.any() else None,
+        }
+
+
+def step_tail_ratios(report: IdleReport) -> np.ndarray:
+    """float64 [S]: max / median of the generating devices' generation time (NaN: none)."""
+    out = np.full(report.steps.size, np.nan)
+    for i in range(report.steps.size):
+        g = report.generate[i][report.generate[i] > 0]
+        if g.size:
+            out[i] = g.max() / np.median(g)
+    return out
+
+
+def _class_union(spans: Spans, codes: np.ndarray, lo: float, hi: float):
+    mask = np.isin(spans.phase, codes)
+    return iv.union(spans.start[mask], spans.end[mask], lo, hi)
+
+
+def analyze(spans: Spans) -> IdleReport:
+    """Break every device's step time down as the module docstring says.
+
+    ``spans``: the job's spans of the steps to analyze (whole steps: a step cut short reads as
+    a shorter window). Rank -1 rows are ignored.
+    """
+    spans = spans.take(spans.rank >= 0)
+    steps = np.unique(spans.step)
+    ranks = np.unique(spans.rank)
+    S, D = steps.size, ranks.size
+    roles = np.zeros(D, dtype=np.int8)
+    if len(spans):
+        last = np.lexsort((spans.start, spans.rank))
+        r_sorted = spans.rank[last]
+        ends = np.append(np.flatnonzero(np.diff(r_sorted)), r_sorted.size - 1)
+        roles[:] = spans.role[last][ends]
+    out = {k: np.zeros((S, D)) for k in ("productive", "sync", "switch", "idle", "generate")}
+    cause = np.zeros((S, D, len(CAUSES)))
+    present = np.zeros((S, D), dtype=bool)
+    window_start, wall = np.zeros(S), np.zeros(S)
+    bottleneck = np.full(S, -1, dtype=np.int8)
+    step_of = np.searchsorted(steps, spans.step)
+    dev_of = np.searchsorted(ranks, spans.rank)
+    order = np.lexsort((dev_of, step_of))
+    bounds = np.flatnonzero(np.diff(step_of[order])) + 1
+    for rows in np.split(order, bounds) if len(spans) else []:
+        si = int(step_of[rows[0]])
+        step = spans.take(rows)
+        lo, hi = float(step.start.min()), float(step.end.max())
+        window_start[si], wall[si] = lo, hi - lo
+        gen_all = _class_union(step, _GEN, lo, hi)
+        train_all = _class_union(step, _TRAIN, lo, hi)
+        sync_all = _class_union(step, _SYNC, lo, hi)
+        switch_all = _class_union(step, _SWITCH, lo, hi)
+        sw_or_sync = iv.union(np.concatenate([sync_all[0], switch_all[0]]),
+                              np.concatenate([sync_all[1], switch_all[1]]))
+        bottleneck[si] = int(np.argmax([iv.length(gen_all), iv.length(train_all), iv.length(sw_or_sync)]))
+        devs = dev_of[rows]
+        dbounds = np.flatnonzero(np.diff(devs)) + 1
+        for drows in np.split(np.arange(rows.size), dbounds):
+            di = int(devs[drows[0]])
+            present[si, di] = True
+            own = step.take(drows)
+            _device_step(own, lo, hi, gen_all, train_all, sync_all, switch_all,
+                         out, cause, si, di, roles[di] == _ROLLOUT)
+    return IdleReport(steps, ranks.astype(np.int32), roles, window_start, wall, present,
+                      out["productive"], out["sync"], out["switch"], out["idle"], cause,
+                      out["generate"], bottleneck)
+
+
+def _device_step(own: Spans, lo, hi, gen_all, train_all, sync_all, switch_all, out, cause, si, di,
+                 rollout: bool) -> None:
+    prod = _class_union(own, _PRODUCTIVE, lo, hi)
+    sync = _class_union(own, _SYNC, lo, hi)
+    switch = _class_union(own, _SWITCH, lo, hi)
+    wait = _class_union(own, _WAIT, lo, hi)
+    gen_own = _class_union(own, _GEN, lo, hi)
+    out["generate"][si, di] = iv.length(gen_own)
+    left, width, mid = iv.segments(lo, hi, prod, sync, switch, wait, gen_all, train_all, sync_all,
+                                   switch_all)
+    in_prod = iv.covered(mid, prod)
+    in_sync = iv.covered(mid, sync) & ~in_prod
+    in_switch = iv.covered(mid, switch) & ~in_prod & ~in_sync
+    idle = ~(in_prod | in_sync | in_switch)
+    out["productive"][si, di] = width[in_prod].sum()
+    out["sync"][si, di] = width[in_sync].sum()
+    out["switch"][si, di] = width[in_switch].sum()
+    out["idle"][si, di] = width[idle].sum()
+    left_over = idle.copy()
+    generated = gen_own[0].size > 0
+    rules = (
+        (iv.covered(mid, wait), "staleness_throttle" if rollout else "starvation"),
+        (iv.covered(mid, gen_all), "generation_tail" if generated else "starvation"),
+        (iv.covered(mid, sync_all), "refit_bubble"),
+        (iv.covered(mid, switch_all), "mode_switch"),
+        (iv.covered(mid, train_all) if rollout else np.zeros(mid.shape, dtype=bool), "staleness_throttle"),
+        (np.ones(mid.shape, dtype=bool), "other"),
+    )
+    for hit, name in rules:
+        take = left_over & hit
+        cause[si, di, CAUSES.index(name)] += width[take].sum()
+        left_over &= ~take

@@ -1,0 +1,126 @@
+"""RL post-training rows: phase spans, weight syncs and consumed batches.
+
+Writes are idempotent by each table's primary key (a resent report stores nothing twice):
+spans by (job, node, rank, phase, start), syncs by (job, rank, to_version), batches by
+(job, step, rank). One transaction per report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from moeplane.controlplane.rl.phases import Spans
+from moeplane.controlplane.store import bulk
+from moeplane.controlplane.store import tables as t
+
+SPAN_COLUMNS = ("job_id", "node_id", "rank", "phase", "start_ts", "end_ts", "step", "version", "role", "tokens")
+SPAN_KEY = ("job_id", "node_id", "rank", "phase", "start_ts")
+SYNC_COLUMNS = ("job_id", "rank", "to_version", "from_version", "node_id", "step", "bytes", "start_ts",
+                "pause_s", "transfer_s", "resume_s")
+BATCH_COLUMNS = ("job_id", "step", "rank", "node_id", "trained_version", "samples", "lag_min", "lag_mean",
+                 "lag_max", "bound", "dropped", "partial", "ts")
+MAX_SPANS = 2_000_000  # most spans one read returns
+
+
+def save_report(engine: Engine, job_id: str, node_id: str, spans: Spans,
+                syncs: Sequence[dict] = (), batches: Sequence[dict] = ()) -> None:
+    """Store a report's spans, weight syncs (dicts of SYNC_COLUMNS but job and node) and
+    batches (dicts of BATCH_COLUMNS but job and node) in one transaction; existing keys are
+    kept as they are."""
+    n = len(spans)
+    rows = list(zip([job_id] * n, [node_id] * n, spans.rank.tolist(), spans.phase.tolist(),
+                    spans.start.tolist(), spans.end.tolist(), spans.step.tolist(), spans.version.tolist(),
+                    spans.role.tolist(), spans.tokens.tolist(), strict=True))
+    with engine.begin() as conn:
+        bulk.insert(conn, t.rl_spans, SPAN_COLUMNS, rows, ignore_conflicts_on=SPAN_KEY)
+        bulk.insert(conn, t.rl_weight_syncs, SYNC_COLUMNS,
+                    [_row(SYNC_COLUMNS, s, job_id, node_id) for s in syncs],
+                    ignore_conflicts_on=("job_id", "rank", "to_version"))
+        bulk.insert(conn, t.rl_batches, BATCH_COLUMNS,
+                    [_row(BATCH_COLUMNS, b, job_id, node_id) for b in batches],
+                    ignore_conflicts_on=("job_id", "step", "rank"))
+
+
+def _row(columns: Sequence[str], values: dict, job_id: str, node_id: str) -> tuple:
+    full = values | {"job_id": job_id, "node_id": node_id}
+    return tuple(full[c] for c in columns)
+
+
+def rank_versions(engine: Engine, job_id: str, ranks: Iterable[int]) -> dict[int, tuple[float, int]]:
+    """rank -> (latest span start, highest policy version) stored for ``ranks`` of the job."""
+    ranks = sorted(set(ranks))
+    if not ranks:
+        return {}
+    c = t.rl_spans.c
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(c.rank, sa.func.max(c.start_ts), sa.func.max(c.version))
+            .where(c.job_id == job_id, c.rank.in_(ranks)).group_by(c.rank)
+        ).all()
+    return {int(r): (float(s), int(v)) for r, s, v in rows}
+
+
+def node_ranks(engine: Engine, node_id: str) -> tuple[str | None, set[int]]:
+    """(job, ranks) the node's last hello declared; (None, empty) for an unknown node."""
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(t.nodes.c.job_id, t.nodes.c.ranks).where(t.nodes.c.node_id == node_id)).first()
+    if row is None:
+        return None, set()
+    return row.job_id, {int(x) for x in (row.ranks or "").split(",") if x}
+
+
+def _steps(col, step_start: int | None, step_end: int | None) -> list:
+    out = []
+    if step_start is not None:
+        out.append(col >= step_start)
+    if step_end is not None:
+        out.append(col < step_end)
+    return out
+
+
+def read_spans(engine: Engine, job_id: str, step_start: int | None = None, step_end: int | None = None,
+               *, limit: int = MAX_SPANS) -> Spans:
+    """The job's spans of steps [step_start, step_end), ordered by step, rank and start; at
+    most ``limit`` rows."""
+    c = t.rl_spans.c
+    stmt = (sa.select(c.step, c.rank, c.version, c.phase, c.role, c.start_ts, c.end_ts, c.tokens, c.node_id)
+            .where(c.job_id == job_id, *_steps(c.step, step_start, step_end))
+            .order_by(c.step, c.rank, c.start_ts, c.phase).limit(limit))
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    if not rows:
+        return Spans.build([], [], [], [], [], [], [], [], node=[])
+    cols = list(zip(*rows, strict=True))
+    return Spans(
+        np.array(cols[0], dtype=np.int64), np.array(cols[1], dtype=np.int32), np.array(cols[2], dtype=np.int64),
+        np.array(cols[3], dtype=np.int8), np.array(cols[4], dtype=np.int8), np.array(cols[5], dtype=np.float64),
+        np.array(cols[6], dtype=np.float64), np.array(cols[7], dtype=np.int64), np.array(cols[8], dtype=object),
+    )
+
+
+def read_syncs(engine: Engine, job_id: str, step_start: int | None = None, step_end: int | None = None,
+               *, limit: int = 10_000) -> list[dict]:
+    c = t.rl_weight_syncs.c
+    stmt = (sa.select(t.rl_weight_syncs).where(c.job_id == job_id, *_steps(c.step, step_start, step_end))
+            .order_by(c.step, c.to_version, c.rank).limit(limit))
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(stmt)]
+
+
+def read_batches(engine: Engine, job_id: str, step_start: int | None = None, step_end: int | None = None,
+                 *, limit: int = 10_000) -> list[dict]:
+    c = t.rl_batches.c
+    stmt = (sa.select(t.rl_batches).where(c.job_id == job_id, *_steps(c.step, step_start, step_end))
+            .order_by(c.step, c.rank).limit(limit))
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(stmt)]
+
+
+def latest_step(engine: Engine, job_id: str) -> int | None:
+    """The newest step with a stored span (None: none)."""
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.max(t.rl_spans.c.step)).where(t.rl_spans.c.job_id == job_id)).scalar()
