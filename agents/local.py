@@ -60,6 +60,8 @@ class NodeLocalService(pb_grpc.NodeLocalServicer):
                         self.node.rank_plan_report(link, msg.plan_report)
                     elif body == "offload_report":
                         self.node.rank_offload_report(link, msg.offload_report)
+                    elif body == "rl":
+                        self.node.rank_rl(link, msg.rl)
                     else:
                         raise ValueError(f"body: {body!r} not allowed after the hello")
                 except ValueError as exc:

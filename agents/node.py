@@ -234,6 +234,15 @@ class NodeState:
             return
         link.outbox.put_nowait(pb.RankControl(offload=decision))
 
+    def rank_rl(self, link: RankLink, report: pb.RLReport) -> None:
+        """Send a rank's RL report upward (the control plane validates its rows). Raises
+        ValueError naming the field when it is another job's."""
+        if report.job_id and report.job_id != link.job.job_id:
+            raise ValueError(f"rl.job_id: {report.job_id!r} but rank {link.rank} serves "
+                             f"{link.job.job_id!r}")
+        report.job_id = link.job.job_id
+        self.emit(pb.AgentMessage(rl=report))
+
     def rank_offload_report(self, link: RankLink, report: pb.OffloadReport) -> None:
         """Send a rank's offload report upward. Raises ValueError naming the field."""
         self.offload.report(link.rank, link.device_id, self.job_id, report)

@@ -241,8 +241,9 @@ class Reporter:
         if self.offload is not None:
             self.offload.step_boundary(step)  # its report goes out through send_report
 
-    def send_report(self, report: pb.PlanReport | pb.OffloadReport) -> None:
-        """Queue a ``PlanReport`` or an ``OffloadReport`` for the agent (any thread)."""
+    def send_report(self, report: pb.PlanReport | pb.OffloadReport | pb.RLReport) -> None:
+        """Queue a ``PlanReport``, an ``OffloadReport`` or an ``RLReport`` (see
+        :mod:`moeplane.agents.sdk.rl`) for the agent (any thread)."""
         self._put(report)
 
     def close(self, timeout: float = 5.0) -> None:
@@ -329,6 +330,8 @@ class Reporter:
                 yield pb.RankMessage(plan_report=item)
             elif isinstance(item, pb.OffloadReport):
                 yield pb.RankMessage(offload_report=item)
+            elif isinstance(item, pb.RLReport):
+                yield pb.RankMessage(rl=item)
             else:
                 yield pb.RankMessage(step=self._encode(item))
                 self.sent_steps += 1

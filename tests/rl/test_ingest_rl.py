@@ -129,7 +129,8 @@ def test_bad_rows_are_refused_by_name_and_the_rest_stored(tmp_path):
                 for seq, (msg, _field) in cases.items():
                     agent.send(_msg(seq, msg))
                 acks = await agent.wait_acks(cases)
-                for seq, (_msg_, field) in cases.items():
+                for seq in cases:
+                    field = cases[seq][1]
                     assert acks[seq].code == INVALID_ARGUMENT, (seq, acks[seq].message)
                     assert acks[seq].message.startswith(field), (seq, acks[seq].message)
                 assert "'dream'" in acks[3].message and "goes backwards" in acks[5].message
