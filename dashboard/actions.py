@@ -7,7 +7,7 @@ PlacementPlan on ``plans.<job>``; reject: open → rejected) as plain functions 
 that loop with ``asyncio.run_coroutine_threadsafe`` and wait for the result.
 
 A plan action is ``(job_id, epoch) -> dict`` (the plan's summary after the action); it raises
-``PlanConflict`` when the plan's state does not allow it and ``NotFound`` for an unknown plan.
+``Conflict`` when the plan's state does not allow it and ``NotFound`` for an unknown plan.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from sqlalchemy.engine import Engine
 
+from moeplane.controlplane.domain.lifecycle import Status
 from moeplane.controlplane.store import plans as P
 
 PlanAction = Callable[[str, int], dict]
@@ -53,7 +54,7 @@ def store_reject(engine: Engine) -> PlanAction:
     publishes nothing)."""
 
     def reject(job_id: str, epoch: int) -> dict:
-        return P.transition(engine, job_id, epoch, P.PlanStatus.REJECTED, allowed_from=P.OPEN,
+        return P.transition(engine, job_id, epoch, Status.REJECTED,
                             detail="rejected by operator")
 
     return reject

@@ -12,6 +12,7 @@ from dash import ALL, Input, Output, State, ctx, html, no_update
 from dash.exceptions import PreventUpdate
 from sqlalchemy.engine import Engine
 
+from moeplane.controlplane.domain.lifecycle import OPEN, Conflict, Status
 from moeplane.controlplane.store import plans as P
 from moeplane.controlplane.store import queries as q
 from moeplane.dashboard.actions import PlanAction
@@ -45,8 +46,8 @@ def plans_table(rows: list[dict], can_approve: bool) -> html.Table:
     for r in rows:
         status = r["status"]
         buttons = []
-        if status in P.OPEN:
-            if status == P.PlanStatus.PROPOSED:
+        if status in OPEN:
+            if status == Status.PROPOSED:
                 buttons.append(_button("approve", r["epoch"], "Approve", can_approve))
             buttons.append(_button("reject", r["epoch"], "Reject", True))
         cells = [html.Td(r[k], style=_CELL | ({"color": STATUS_COLOURS.get(status, "#000"), "fontWeight": "bold"}
@@ -59,7 +60,7 @@ def plans_table(rows: list[dict], can_approve: bool) -> html.Table:
 
 def _running(engine: Engine, job_id: str, plan: dict) -> tuple:
     """The running placement to compare ``plan`` with: (phy2log [L, G*S], label)."""
-    running = P.latest_plan(engine, job_id, (P.PlanStatus.APPLIED,))
+    running = P.latest_plan(engine, job_id, (Status.APPLIED,))
     if running is not None:
         return running["phy2log"], f"epoch {running['epoch']}"
     job = q.get_job(engine, job_id)
@@ -95,9 +96,9 @@ def register(app, engine: Engine, approve: PlanAction | None, reject: PlanAction
             return none
         epochs = [p["epoch"] for p in plans]
         if selected not in epochs:
-            open_ = [p["epoch"] for p in plans if p["status"] in P.OPEN]
+            open_ = [p["epoch"] for p in plans if p["status"] in OPEN]
             selected = open_[0] if open_ else (epochs[0] if epochs else None)
-        running = next((p for p in plans if p["status"] == P.PlanStatus.APPLIED), None)
+        running = next((p for p in plans if p["status"] == Status.APPLIED), None)
         status = (
             f"job {job_id} · policy {policy.mode} · {len(plans)} plans · running placement: "
             + (f"epoch {running['epoch']}" if running else "identity (no plan applied yet)")
@@ -127,7 +128,7 @@ def register(app, engine: Engine, approve: PlanAction | None, reject: PlanAction
             return f"cannot {kind} plan {epoch}: approval needs the control plane (moeplane serve)", no_update
         try:
             plan = action(job_id, epoch)
-        except (P.PlanConflict, q.NotFound, ValueError) as exc:
+        except (Conflict, q.NotFound, ValueError) as exc:
             return f"cannot {kind} plan {epoch}: {exc}", (acted or 0) + 1
         return f"plan {epoch}: {kind}d, now {plan['status']}", (acted or 0) + 1
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy.engine import Engine
 
+from moeplane.controlplane.domain.lifecycle import Status
 from moeplane.controlplane.store import plans as P
 from moeplane.controlplane.store import queries as q
 from moeplane.dashboard.expert_views import JobGeometry, job_geometry, layer_balancedness_of
@@ -42,7 +43,7 @@ def job_ranks(engine: Engine, job_id: str) -> int:
     return len(ranks)
 
 
-RUNNING = (P.PlanStatus.APPLIED, P.PlanStatus.ROLLED_BACK)
+RUNNING = (Status.APPLIED, Status.ROLLED_BACK)
 """Statuses of plans that were in effect at some time (applied, maybe replaced since)."""
 
 
@@ -82,7 +83,7 @@ class PlacementCache:
     def running(self, engine: Engine, job_id: str, shape: tuple[int, int]) -> Placement | None:
         """The placement of the job's newest applied plan for loads of ``shape``; None when
         there is none or it does not fit ``shape``."""
-        head = P.latest_plan(engine, job_id, (P.PlanStatus.APPLIED,), with_placement=False)
+        head = P.latest_plan(engine, job_id, (Status.APPLIED,), with_placement=False)
         return None if head is None else self.of_plan(engine, job_id, head, shape)
 
     def of_plan(self, engine: Engine, job_id: str, head: dict, shape: tuple[int, int]) -> Placement | None:
@@ -115,7 +116,7 @@ def current_placement(engine: Engine, job_id: str, shape: tuple[int, int],
     placement is read from the store only when the running plan changes."""
     job = q.get_job(engine, job_id)
     if cache is None:
-        plan = P.latest_plan(engine, job_id, (P.PlanStatus.APPLIED,))
+        plan = P.latest_plan(engine, job_id, (Status.APPLIED,))
         placement = None if plan is None else _plan_placement(shape, plan)
     else:
         placement = cache.running(engine, job_id, shape)

@@ -15,8 +15,7 @@ from moeplane.controlplane.api.rl import router as rl_router
 from moeplane.controlplane.api.routes import router
 from moeplane.controlplane.api.tokens import router as tokens_router
 from moeplane.controlplane.auth.http import AUTH_RESPONSES, AuthDep, document_security
-from moeplane.controlplane.store.offload import DecisionConflict
-from moeplane.controlplane.store.plans import PlanConflict
+from moeplane.controlplane.domain.lifecycle import Conflict
 from moeplane.controlplane.store.queries import NotFound
 
 
@@ -50,9 +49,8 @@ def create_api(engine: Engine, **state) -> FastAPI:
     async def _not_found(_request: Request, exc: NotFound):
         return JSONResponse(status_code=404, content={"detail": str(exc)})
 
-    @app.exception_handler(PlanConflict)
-    @app.exception_handler(DecisionConflict)
-    async def _conflict(_request: Request, exc: PlanConflict | DecisionConflict):
+    @app.exception_handler(Conflict)
+    async def _conflict(_request: Request, exc: Conflict):
         return JSONResponse(status_code=409, content={"detail": str(exc)})
 
     @app.exception_handler(ValueError)

@@ -12,6 +12,7 @@ from moeplane.controlplane.api.deps import EngineDep
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
 from moeplane.controlplane.api.schemas import ErrorBody
 from moeplane.controlplane.controller import offload as controller
+from moeplane.controlplane.domain.lifecycle import Status
 from moeplane.controlplane.store import memory_profiles as M
 from moeplane.controlplane.store import offload as O
 from moeplane.controlplane.store import queries as q
@@ -138,7 +139,7 @@ async def memory(
 async def list_decisions(
     job_id: JobId,
     engine: EngineDep,
-    status: Annotated[O.OffloadStatus | None, Query()] = None,
+    status: Annotated[Status | None, Query()] = None,
     device_id: Annotated[str | None, Query(max_length=160)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[dict]:
@@ -157,8 +158,7 @@ async def get_decision(job_id: JobId, decision_id: DecisionId, engine: EngineDep
              responses=NOT_FOUND | CONFLICT)
 async def approve(job_id: JobId, decision_id: DecisionId, request: Request, engine: EngineDep) -> dict:
     await asyncio.to_thread(
-        O.transition, engine, job_id, decision_id, O.OffloadStatus.APPROVED,
-        allowed_from=(O.OffloadStatus.PROPOSED,), detail="approved by operator",
+        O.transition, engine, job_id, decision_id, Status.APPROVED, detail="approved by operator",
     )
     payload = await asyncio.to_thread(controller.push, engine, job_id, decision_id)
     await request.app.state.bus.publish(f"offload.{job_id}", payload)
@@ -169,8 +169,7 @@ async def approve(job_id: JobId, decision_id: DecisionId, request: Request, engi
              responses=NOT_FOUND | CONFLICT)
 async def reject(job_id: JobId, decision_id: DecisionId, engine: EngineDep) -> dict:
     d = await asyncio.to_thread(
-        O.transition, engine, job_id, decision_id, O.OffloadStatus.REJECTED,
-        allowed_from=O.OPEN, detail="rejected by operator",
+        O.transition, engine, job_id, decision_id, Status.REJECTED, detail="rejected by operator",
     )
     return _summary(d)
 

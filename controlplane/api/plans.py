@@ -18,6 +18,7 @@ from moeplane.controlplane.api.schemas import ErrorBody
 from moeplane.controlplane.balancing import count_moves, plan_placement
 from moeplane.controlplane.balancing.validate import check_placement
 from moeplane.controlplane.controller import runner
+from moeplane.controlplane.domain.lifecycle import IN_FLIGHT, Conflict, Status
 from moeplane.controlplane.store import plans as P
 from moeplane.controlplane.store import queries as q
 
@@ -106,7 +107,7 @@ async def _publish(request: Request, job_id: str, payload: bytes) -> None:
 async def list_plans(
     job_id: JobId,
     engine: EngineDep,
-    status: Annotated[P.PlanStatus | None, Query()] = None,
+    status: Annotated[Status | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[dict]:
     await asyncio.to_thread(q.require_job, engine, job_id)
@@ -123,8 +124,7 @@ async def get_plan(job_id: JobId, epoch: Epoch, engine: EngineDep) -> dict:
 @router.post("/plans/{epoch}/approve", response_model=PlanSummary, responses=NOT_FOUND | CONFLICT)
 async def approve(job_id: JobId, epoch: Epoch, request: Request, engine: EngineDep) -> dict:
     await asyncio.to_thread(
-        P.transition, engine, job_id, epoch, P.PlanStatus.APPROVED,
-        allowed_from=(P.PlanStatus.PROPOSED,), detail="approved by operator",
+        P.transition, engine, job_id, epoch, Status.APPROVED, detail="approved by operator",
     )
     payload = await asyncio.to_thread(runner.push, engine, job_id, epoch)
     await _publish(request, job_id, payload)
@@ -134,8 +134,7 @@ async def approve(job_id: JobId, epoch: Epoch, request: Request, engine: EngineD
 @router.post("/plans/{epoch}/reject", response_model=PlanSummary, responses=NOT_FOUND | CONFLICT)
 async def reject(job_id: JobId, epoch: Epoch, engine: EngineDep) -> dict:
     plan = await asyncio.to_thread(
-        P.transition, engine, job_id, epoch, P.PlanStatus.REJECTED,
-        allowed_from=P.OPEN, detail="rejected by operator",
+        P.transition, engine, job_id, epoch, Status.REJECTED, detail="rejected by operator",
     )
     return _summary(plan)
 
@@ -150,13 +149,13 @@ async def _push_at_once(request: Request, engine: Engine, job_id: str, target_of
         job = q.get_job(engine, job_id)
         geo = runner.geometry(engine, job)
         if geo is None:
-            raise P.PlanConflict(f"job {job_id!r} has no known geometry yet")
+            raise Conflict(f"job {job_id!r} has no known geometry yet")
         world, slots, _nodes = geo
         target, kwargs = target_of(job, world, slots)
-        if P.latest_plan(engine, job_id, P.IN_FLIGHT, with_placement=False) is not None:
-            raise P.PlanConflict("a plan is being applied; wait for it to finish")
+        if P.latest_plan(engine, job_id, IN_FLIGHT, with_placement=False) is not None:
+            raise Conflict("a plan is being applied; wait for it to finish")
         epoch = P.create_plan(engine, job_id, target, world_size=world, slots_per_rank=slots,
-                              status=P.PlanStatus.APPROVED, **kwargs)
+                              status=Status.APPROVED, **kwargs)
         return epoch, runner.push(engine, job_id, epoch)
 
     epoch, payload = await asyncio.to_thread(make)
@@ -171,8 +170,8 @@ async def rollback(job_id: JobId, body: RollbackRequest, request: Request, engin
             target = runner.identity(job["layers"], job["experts"], world, slots)
         else:
             plan = P.get_plan(engine, job_id, body.epoch)
-            if plan["status"] not in (P.PlanStatus.APPLIED, P.PlanStatus.ROLLED_BACK):
-                raise P.PlanConflict(f"plan {body.epoch} was never applied ({plan['status']}); cannot roll back to it")
+            if plan["status"] not in (Status.APPLIED, Status.ROLLED_BACK):
+                raise Conflict(f"plan {body.epoch} was never applied ({plan['status']}); cannot roll back to it")
             target = plan["phy2log"]
         return target, {"kind": "rollback", "base_epoch": body.epoch,
                         "reason": f"rollback to epoch {body.epoch} by operator"}
@@ -189,7 +188,7 @@ async def push_placement(job_id: JobId, body: PlacementRequest, request: Request
     """
     def target_of(job: dict, world: int, slots: int):
         if job.get("layers") is None:
-            raise P.PlanConflict(f"job {job_id!r} has no known geometry yet")
+            raise Conflict(f"job {job_id!r} has no known geometry yet")
         widths = {len(row) for row in body.phy2log}
         if len(widths) > 1:
             raise ValueError(f"phy2log: rows have different lengths {sorted(widths)[:4]}")
@@ -198,7 +197,7 @@ async def push_placement(job_id: JobId, body: PlacementRequest, request: Request
         except OverflowError:
             raise ValueError("phy2log: holds an expert id outside the int64 range") from None
         target = check_placement("phy2log", given, job["layers"], world * slots, job["experts"])
-        running = P.latest_plan(engine, job_id, (P.PlanStatus.APPLIED,))
+        running = P.latest_plan(engine, job_id, (Status.APPLIED,))
         current = running["phy2log"] if running else runner.identity(job["layers"], job["experts"], world, slots)
         return target, {"kind": "operator", "base_epoch": running["epoch"] if running else 0,
                         "moves": int(count_moves(current, target, world, job["experts"]).sum()),
@@ -225,7 +224,7 @@ async def dry_run(job_id: JobId, engine: EngineDep, body: Annotated[DryRunReques
                 raise ValueError("loads: the job has no loads yet; pass them in the body")
             hist = q.loads_history(engine, job_id, q.Range(step_start=max(0, latest - body.steps + 1)))
             loads = np.mean([h["counts"] for h in hist], axis=0)
-        running = P.latest_plan(engine, job_id, (P.PlanStatus.APPLIED,))
+        running = P.latest_plan(engine, job_id, (Status.APPLIED,))
         current = running["phy2log"] if running else runner.identity(job["layers"], job["experts"], world, slots)
         plan = plan_placement(
             loads, gpus=world, slots_per_gpu=slots, nodes=nodes,

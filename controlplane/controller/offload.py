@@ -32,6 +32,7 @@ from sqlalchemy.engine import Engine
 
 from moeplane.controlplane.controller.leader import Leadership
 from moeplane.controlplane.controller.loop import ReconcileLoop
+from moeplane.controlplane.domain.lifecycle import IN_FLIGHT, Conflict, Status
 from moeplane.controlplane.domain.rebalance_policy import Mode
 from moeplane.controlplane.memory import (
     InputError,
@@ -69,8 +70,7 @@ def _pairs(actions: list[dict]) -> set[str]:
 
 def push(engine: Engine, job_id: str, decision_id: int, clock=time.time) -> bytes:
     """approved → pushed; returns the OffloadDecision to publish on ``offload.<job>``."""
-    decision = O.transition(engine, job_id, decision_id, O.OffloadStatus.PUSHED,
-                            allowed_from=(O.OffloadStatus.APPROVED,), clock=clock)
+    decision = O.transition(engine, job_id, decision_id, Status.PUSHED, clock=clock)
     return decision_message(decision).SerializeToString()
 
 
@@ -137,7 +137,7 @@ class OffloadController(ReconcileLoop):
                  newest: dict | None) -> bytes | None:
         if decision.verdict is Verdict.KEEP:
             return None
-        if newest is not None and newest["status"] in (str(s) for s in O.IN_FLIGHT):
+        if newest is not None and newest["status"] in (str(s) for s in IN_FLIGHT):
             return None
         actions = action_dicts(decision)
         if newest is not None and newest["signature"] == O.signature_of(decision.verdict.value, actions):
@@ -157,29 +157,27 @@ class OffloadController(ReconcileLoop):
             high_watermark_bytes=decision.high_watermark_bytes,
             low_watermark_bytes=decision.low_watermark_bytes, host_bytes=decision.host_bytes,
             overhead_s=decision.overhead_s,
-            status=O.OffloadStatus.PROPOSED if changes else O.OffloadStatus.ADVISORY,
+            status=Status.PROPOSED if changes else Status.ADVISORY,
             leader_term=term, lease=lease_name(job_id), clock=self.clock,
         )
         log.info("job %s device %s: offload decision %d %s (%s)", job_id, decision.device_id,
                  decision_id, decision.verdict.value, reason)
         if not changes or policy.mode != Mode.AUTO:
             return None
-        O.transition(self.engine, job_id, decision_id, O.OffloadStatus.APPROVED,
-                     allowed_from=(O.OffloadStatus.PROPOSED,), detail="auto policy", clock=self.clock)
+        O.transition(self.engine, job_id, decision_id, Status.APPROVED, detail="auto policy", clock=self.clock)
         return push(self.engine, job_id, decision_id, clock=self.clock)
 
     def _expire(self, job_id: str) -> None:
         """Fail pushed decisions not reported applied within the policy's timeout."""
-        pushed = O.list_decisions(self.engine, job_id, status=O.OffloadStatus.PUSHED, limit=1000)
+        pushed = O.list_decisions(self.engine, job_id, status=Status.PUSHED, limit=1000)
         if not pushed:
             return
         timeout = O.get_policy(self.engine, job_id).decision_timeout_s
         now = self.clock()
         for d in pushed:
             if now - d["updated_at"] > timeout:
-                with contextlib.suppress(O.DecisionConflict):
-                    O.transition(self.engine, job_id, d["decision_id"], O.OffloadStatus.FAILED,
-                                 allowed_from=O.IN_FLIGHT, detail="not applied before the timeout",
+                with contextlib.suppress(Conflict):
+                    O.transition(self.engine, job_id, d["decision_id"], Status.FAILED, detail="not applied before the timeout",
                                  error="not applied before the timeout", clock=self.clock)
                 self._seen.pop(job_id, None)
 

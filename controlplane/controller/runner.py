@@ -20,6 +20,7 @@ from moeplane.controlplane.balancing import balancedness, identity_placement
 from moeplane.controlplane.controller.decide import Action, decide
 from moeplane.controlplane.controller.leader import Leadership
 from moeplane.controlplane.controller.loop import ReconcileLoop
+from moeplane.controlplane.domain.lifecycle import IN_FLIGHT, Status
 from moeplane.controlplane.domain.rebalance_policy import Mode
 from moeplane.controlplane.store import plans as P
 from moeplane.controlplane.store import queries as q
@@ -68,7 +69,7 @@ def plan_message(plan: dict, not_before_step: int) -> bytes:
 
 def push(engine: Engine, job_id: str, epoch: int, clock=time.time) -> bytes:
     """approved → pushed; returns the PlacementPlan to publish."""
-    plan = P.transition(engine, job_id, epoch, P.PlanStatus.PUSHED, allowed_from=(P.PlanStatus.APPROVED,), clock=clock)
+    plan = P.transition(engine, job_id, epoch, Status.PUSHED, clock=clock)
     latest = q.latest_step(engine, job_id) or 0
     return plan_message(plan, latest + 1)
 
@@ -106,14 +107,13 @@ class Controller(ReconcileLoop):
         world, slots, nodes = geo
         now = self.clock()
         # plan rows without their [L, G*S] placement (3.8 MB at 58x8192) on every tick
-        running = P.latest_plan(self.engine, job_id, (P.PlanStatus.APPLIED,), with_placement=False)
+        running = P.latest_plan(self.engine, job_id, (Status.APPLIED,), with_placement=False)
         if running and running["measured_after"] is None and running["applied_step"] is not None:
             self._measure(job_id, running | {"phy2log": self._placement(job_id, running["epoch"])})
-        in_flight = P.latest_plan(self.engine, job_id, P.IN_FLIGHT, with_placement=False)
+        in_flight = P.latest_plan(self.engine, job_id, IN_FLIGHT, with_placement=False)
         if in_flight is not None:
             if now - in_flight["updated_at"] > P.get_policy(self.engine, job_id).plan_timeout_s:
-                P.transition(self.engine, job_id, in_flight["epoch"], P.PlanStatus.FAILED,
-                             allowed_from=P.IN_FLIGHT, detail="not applied before the timeout", clock=self.clock)
+                P.transition(self.engine, job_id, in_flight["epoch"], Status.FAILED, detail="not applied before the timeout", clock=self.clock)
             return None
         if self._seen_step.get(job_id) == latest:
             return None
@@ -155,7 +155,7 @@ class Controller(ReconcileLoop):
         log.info("job %s: plan %d proposed (%s)", job_id, epoch, decision.reason)
         if policy.mode != Mode.AUTO:
             return None
-        P.transition(self.engine, job_id, epoch, P.PlanStatus.APPROVED, allowed_from=(P.PlanStatus.PROPOSED,),
+        P.transition(self.engine, job_id, epoch, Status.APPROVED,
                      detail="auto policy", clock=self.clock)
         if not self._term_current(job_id, term):
             return None

@@ -185,7 +185,7 @@ class StreamPlans:
         messages already: 1,024 agents reconnecting after a restart read it once, not 1,024
         times (3.8 MB each at 58x8192)."""
         plan = await asyncio.to_thread(
-            plans.latest_plan, engine, job_id, (plans.PlanStatus.PUSHED, plans.PlanStatus.APPLIED),
+            plans.latest_plan, engine, job_id, (plans.Status.PUSHED, plans.Status.APPLIED),
             with_placement=False,
         )
         if plan is None:

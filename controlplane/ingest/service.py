@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import grpc
 
+from moeplane.controlplane.domain.lifecycle import Status
 from moeplane.controlplane.auth.streams import IngestDenied, authenticate_stream, check_node
 from moeplane.controlplane.auth.tokens import Principal, TokenStore
 from moeplane.controlplane.ingest import memory as m
@@ -366,7 +367,7 @@ class _Stream:
         """A (re)connecting agent gets the offload decisions still waiting for its devices."""
         pushed = await asyncio.to_thread(
             offload.list_decisions, self.svc.writer.engine, self.job_id,
-            status=offload.OffloadStatus.PUSHED, limit=1000,
+            status=Status.PUSHED, limit=1000,
         )
         for decision in reversed(pushed):
             if decision["device_id"] in self.devices:

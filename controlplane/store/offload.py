@@ -12,36 +12,17 @@ beside the predicted peak.
 from __future__ import annotations
 
 import json
-from enum import StrEnum
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from moeplane.controlplane.domain.lifecycle import Status
 from moeplane.controlplane.domain.offload_policy import OffloadPolicy
 from moeplane.controlplane.store import tables as t
-from moeplane.controlplane.store.lifecycle import check_term
+from moeplane.controlplane.store.lifecycle import OFFLOAD, check_term
 from moeplane.controlplane.store.lifecycle import now as _now
 from moeplane.controlplane.store.queries import NotFound
 from moeplane.controlplane.store.writes import upsert
-
-
-class OffloadStatus(StrEnum):
-    PROPOSED = "proposed"
-    APPROVED = "approved"
-    PUSHED = "pushed"
-    APPLIED = "applied"
-    FAILED = "failed"
-    REJECTED = "rejected"
-    SUPERSEDED = "superseded"
-    ADVISORY = "advisory"
-
-
-OPEN = (OffloadStatus.PROPOSED, OffloadStatus.APPROVED)
-IN_FLIGHT = (OffloadStatus.PUSHED,)
-
-
-class DecisionConflict(Exception):
-    """A lifecycle step that the decision's state does not allow (REST: 409)."""
 
 
 def _require_job(conn: Connection, job_id: str) -> None:
@@ -75,16 +56,6 @@ def set_policy(engine: Engine, job_id: str, changes: dict, clock=None) -> Offloa
 # ---------------------------------------------------------------- decisions
 
 
-def _event(conn: Connection, decision_id: int, job_id: str, status: str, ts: float, *, node_id=None,
-           step=None, detail=""):
-    conn.execute(
-        sa.insert(t.offload_events).values(
-            decision_id=decision_id, job_id=job_id, ts=ts, status=str(status), node_id=node_id,
-            step=step, detail=detail,
-        )
-    )
-
-
 def create_decision(
     engine: Engine,
     job_id: str,
@@ -105,7 +76,7 @@ def create_decision(
     low_watermark_bytes: int,
     host_bytes: int,
     overhead_s: float,
-    status: OffloadStatus = OffloadStatus.PROPOSED,
+    status: Status = Status.PROPOSED,
     leader_term: int | None = None,
     lease: str | None = None,
     clock=None,
@@ -133,20 +104,11 @@ def create_decision(
                 host_bytes=host_bytes, overhead_s=overhead_s,
             )
         ).inserted_primary_key[0]
-        stale = conn.execute(
-            sa.select(t.offload_decisions.c.decision_id).where(
-                t.offload_decisions.c.job_id == job_id, t.offload_decisions.c.device_id == device_id,
-                t.offload_decisions.c.decision_id != decision_id,
-                t.offload_decisions.c.status.in_([str(s) for s in OPEN]),
-            )
-        ).scalars().all()
-        for old in stale:
-            conn.execute(
-                sa.update(t.offload_decisions).where(t.offload_decisions.c.decision_id == old)
-                .values(status=str(OffloadStatus.SUPERSEDED), updated_at=now)
-            )
-            _event(conn, old, job_id, OffloadStatus.SUPERSEDED, now, detail=f"by decision {decision_id}")
-        _event(conn, decision_id, job_id, status, now, step=profile_step, detail=reason)
+        OFFLOAD.supersede_open(
+            conn, job_id, sa.and_(t.offload_decisions.c.device_id == device_id,
+                                  t.offload_decisions.c.decision_id != decision_id),
+            by=f"by decision {decision_id}", ts=now)
+        OFFLOAD.event(conn, job_id, decision_id, status, now, step=profile_step, detail=reason)
     return int(decision_id)
 
 
@@ -212,39 +174,11 @@ def decision_events(engine: Engine, decision_id: int) -> list[dict]:
     return [dict(r) for r in rows]
 
 
-def transition(
-    engine: Engine,
-    job_id: str,
-    decision_id: int,
-    to: OffloadStatus,
-    *,
-    allowed_from: tuple[OffloadStatus, ...],
-    detail: str = "",
-    node_id: str | None = None,
-    step: int | None = None,
-    clock=None,
-    **values,
-) -> dict:
-    """Move a decision to ``to`` if its status is in ``allowed_from``; else DecisionConflict."""
-    now = _now(clock)
-    with engine.begin() as conn:
-        row = conn.execute(
-            sa.select(t.offload_decisions.c.status).where(
-                t.offload_decisions.c.job_id == job_id, t.offload_decisions.c.decision_id == decision_id
-            ).with_for_update()
-        ).first()
-        if row is None:
-            raise NotFound(f"offload decision {decision_id} of job {job_id!r}")
-        if row.status not in [str(s) for s in allowed_from]:
-            raise DecisionConflict(
-                f"offload decision {decision_id} of job {job_id!r} is {row.status}; "
-                f"{to} needs one of {', '.join(str(s) for s in allowed_from)}"
-            )
-        conn.execute(
-            sa.update(t.offload_decisions).where(t.offload_decisions.c.decision_id == decision_id)
-            .values(status=str(to), updated_at=now, **values)
-        )
-        _event(conn, decision_id, job_id, to, now, node_id=node_id, step=step, detail=detail)
+def transition(engine: Engine, job_id: str, decision_id: int, to: Status, *, detail: str = "",
+               node_id: str | None = None, step: int | None = None, clock=None, **values) -> dict:
+    """Move a decision to ``to`` (Conflict unless the lifecycle allows it); returns it."""
+    OFFLOAD.transition(engine, job_id, decision_id, to, detail=detail, node_id=node_id, step=step,
+                       clock=clock, **values)
     return get_decision(engine, job_id, decision_id)
 
 
@@ -287,15 +221,15 @@ def record_report(
             raise ValueError(f"measured_used_bytes: {measured_used_bytes} is more than the device's "
                              f"capacity {row.capacity_bytes}")
         detail = error or (f"used {measured_used_bytes} B, saved {measured_saved_bytes} B" if state == "applied" else "")
-        _event(conn, decision_id, job_id, f"node_{state}", now, node_id=node_id, step=step, detail=detail)
-        if row.status != str(OffloadStatus.PUSHED) or state == "received":
+        OFFLOAD.event(conn, job_id, decision_id, f"node_{state}", now, node_id=node_id, step=step, detail=detail)
+        if row.status != str(Status.PUSHED) or state == "received":
             return {"status": row.status}
         if state == "failed":
-            values = {"status": str(OffloadStatus.FAILED), "error": error, "updated_at": now}
+            values = {"status": str(Status.FAILED), "error": error, "updated_at": now}
         else:
-            values = {"status": str(OffloadStatus.APPLIED), "applied_step": step, "updated_at": now,
+            values = {"status": str(Status.APPLIED), "applied_step": step, "updated_at": now,
                       "measured_used_bytes": measured_used_bytes, "measured_saved_bytes": measured_saved_bytes}
         conn.execute(sa.update(t.offload_decisions).where(t.offload_decisions.c.decision_id == decision_id)
                      .values(**values))
-        _event(conn, decision_id, job_id, values["status"], now, node_id=node_id, step=step, detail=error)
+        OFFLOAD.event(conn, job_id, decision_id, values["status"], now, node_id=node_id, step=step, detail=error)
         return {"status": values["status"]}

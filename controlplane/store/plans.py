@@ -10,38 +10,18 @@ deposed leader cannot create or publish (fencing).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import StrEnum
 
 import numpy as np
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 
+from moeplane.controlplane.domain.lifecycle import Status
 from moeplane.controlplane.domain.rebalance_policy import RebalancePolicy
 from moeplane.controlplane.store import tables as t
-from moeplane.controlplane.store.lifecycle import check_term
+from moeplane.controlplane.store.lifecycle import PLANS, check_term
 from moeplane.controlplane.store.lifecycle import now as _now
 from moeplane.controlplane.store.queries import NotFound
 from moeplane.controlplane.store.writes import upsert
-
-
-class PlanStatus(StrEnum):
-    PROPOSED = "proposed"
-    APPROVED = "approved"
-    PUSHED = "pushed"
-    APPLIED = "applied"
-    FAILED = "failed"
-    REJECTED = "rejected"
-    SUPERSEDED = "superseded"
-    ROLLED_BACK = "rolled_back"
-
-
-OPEN = (PlanStatus.PROPOSED, PlanStatus.APPROVED)
-IN_FLIGHT = (PlanStatus.PUSHED,)
-
-
-class PlanConflict(Exception):
-    """A lifecycle step that the plan's state does not allow (REST: 409)."""
-
 
 # ---------------------------------------------------------------- policy
 
@@ -80,14 +60,6 @@ def set_policy(engine: Engine, job_id: str, changes: dict, clock=None) -> Rebala
 # ---------------------------------------------------------------- plans
 
 
-def _event(conn: Connection, job_id: str, epoch: int, status: str, ts: float, *, node_id=None, step=None, detail=""):
-    conn.execute(
-        sa.insert(t.plan_events).values(
-            job_id=job_id, epoch=epoch, ts=ts, status=str(status), node_id=node_id, step=step, detail=detail
-        )
-    )
-
-
 def create_plan(
     engine: Engine,
     job_id: str,
@@ -95,7 +67,7 @@ def create_plan(
     *,
     world_size: int,
     slots_per_rank: int,
-    status: PlanStatus = PlanStatus.PROPOSED,
+    status: Status = Status.PROPOSED,
     kind: str = "rebalance",
     base_epoch: int = 0,
     leader_term: int | None = None,
@@ -146,15 +118,7 @@ def _insert_plan(engine, job_id, phy2log, *, world_size, slots_per_rank, status,
         epoch = 1 + int(
             conn.execute(sa.select(sa.func.coalesce(sa.func.max(t.plans.c.epoch), 0)).where(t.plans.c.job_id == job_id)).scalar()
         )
-        stale = conn.execute(
-            sa.select(t.plans.c.epoch).where(t.plans.c.job_id == job_id, t.plans.c.status.in_([str(s) for s in OPEN]))
-        ).scalars().all()
-        for old in stale:
-            conn.execute(
-                sa.update(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch == old)
-                .values(status=str(PlanStatus.SUPERSEDED), updated_at=now)
-            )
-            _event(conn, job_id, old, PlanStatus.SUPERSEDED, now, detail=f"by epoch {epoch}")
+        PLANS.supersede_open(conn, job_id, sa.true(), by=f"by epoch {epoch}", ts=now)
         conn.execute(
             sa.insert(t.plans).values(
                 job_id=job_id, epoch=epoch, status=str(status), kind=kind, base_epoch=base_epoch,
@@ -164,41 +128,15 @@ def _insert_plan(engine, job_id, phy2log, *, world_size, slots_per_rank, status,
                 predicted_after=predicted_after, measured_before=measured_before, reason=reason,
             )
         )
-        _event(conn, job_id, epoch, status, now, detail=reason)
+        PLANS.event(conn, job_id, epoch, status, now, detail=reason)
     return epoch
 
 
-def transition(
-    engine: Engine,
-    job_id: str,
-    epoch: int,
-    to: PlanStatus,
-    *,
-    allowed_from: tuple[PlanStatus, ...],
-    detail: str = "",
-    node_id: str | None = None,
-    step: int | None = None,
-    clock=None,
-    **values,
-) -> dict:
-    """Move a plan to ``to`` if its status is in ``allowed_from``; else PlanConflict."""
-    now = _now(clock)
-    with engine.begin() as conn:
-        row = conn.execute(
-            sa.select(t.plans.c.status).where(t.plans.c.job_id == job_id, t.plans.c.epoch == epoch).with_for_update()
-        ).first()
-        if row is None:
-            raise NotFound(f"plan {epoch} of job {job_id!r}")
-        if row.status not in [str(s) for s in allowed_from]:
-            raise PlanConflict(
-                f"plan {epoch} of job {job_id!r} is {row.status}; "
-                f"{to} needs one of {', '.join(str(s) for s in allowed_from)}"
-            )
-        conn.execute(
-            sa.update(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch == epoch)
-            .values(status=str(to), updated_at=now, **values)
-        )
-        _event(conn, job_id, epoch, to, now, node_id=node_id, step=step, detail=detail)
+def transition(engine: Engine, job_id: str, epoch: int, to: Status, *, detail: str = "",
+               node_id: str | None = None, step: int | None = None, clock=None, **values) -> dict:
+    """Move a plan to ``to`` (Conflict unless the lifecycle allows it); returns the plan."""
+    PLANS.transition(engine, job_id, epoch, to, detail=detail, node_id=node_id, step=step,
+                     clock=clock, **values)
     return get_plan(engine, job_id, epoch)
 
 
@@ -244,7 +182,7 @@ def plan_events(engine: Engine, job_id: str, epoch: int) -> list[dict]:
     return [dict(r) for r in rows]
 
 
-def latest_plan(engine: Engine, job_id: str, statuses: tuple[PlanStatus, ...], *,
+def latest_plan(engine: Engine, job_id: str, statuses: tuple[Status, ...], *,
                 with_placement: bool = True) -> dict | None:
     """The newest plan of ``job_id`` in one of ``statuses`` (None: none); without its
     ``phy2log`` unless ``with_placement``."""
@@ -343,11 +281,11 @@ def record_reports(
                 outcomes.append(PermissionError(f"node {node_id!r} is not part of job {job_id!r}"))
                 continue
             event(f"node_{state}", node_id=node_id, step=step, detail=error)
-            if status != str(PlanStatus.PUSHED):
+            if status != str(Status.PUSHED):
                 outcomes.append({"status": status})
             elif state == "failed":
-                status = str(PlanStatus.FAILED)
-                event(PlanStatus.FAILED, node_id=node_id, step=step, detail=error)
+                status = str(Status.FAILED)
+                event(Status.FAILED, node_id=node_id, step=step, detail=error)
                 outcomes.append({"status": status})
             elif state != "applied":
                 outcomes.append({"status": status})
@@ -361,28 +299,28 @@ def record_reports(
                 if missing > 0:
                     outcomes.append({"status": status, "waiting_for": missing})
                 else:
-                    status, applied_step = str(PlanStatus.APPLIED), step
-                    event(PlanStatus.APPLIED, step=step)
+                    status, applied_step = str(Status.APPLIED), step
+                    event(Status.APPLIED, step=step)
                     outcomes.append({"status": status})
-        if status == str(PlanStatus.APPLIED) and applied_step is not None:
+        if status == str(Status.APPLIED) and applied_step is not None:
             # the placement it replaced is no longer running
             prev = conn.execute(
                 sa.select(t.plans.c.epoch).where(
                     t.plans.c.job_id == job_id, t.plans.c.epoch < epoch,
-                    t.plans.c.status == str(PlanStatus.APPLIED),
+                    t.plans.c.status == str(Status.APPLIED),
                 )
             ).scalars().all()
             rolled = [old for old in prev if plan.kind == "rollback" and old > plan.base_epoch]
             if rolled:
                 conn.execute(
                     sa.update(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch.in_(rolled))
-                    .values(status=str(PlanStatus.ROLLED_BACK), updated_at=now)
+                    .values(status=str(Status.ROLLED_BACK), updated_at=now)
                 )
             for old in rolled:
-                event(PlanStatus.ROLLED_BACK, detail=f"rolled back by epoch {epoch}", of_epoch=old)
+                event(Status.ROLLED_BACK, detail=f"rolled back by epoch {epoch}", of_epoch=old)
         if status != plan.status:
             values = {"status": status, "updated_at": now}
-            if status == str(PlanStatus.APPLIED):
+            if status == str(Status.APPLIED):
                 values["applied_step"] = applied_step
             conn.execute(
                 sa.update(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch == epoch).values(**values)

@@ -8,6 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from moeplane.controlplane.domain.lifecycle import Status
 from moeplane.controlplane.ingest.planreports import PlanReports
 from moeplane.controlplane.store import plans as P
 from moeplane.controlplane.store.engine import make_engine
@@ -43,8 +44,8 @@ def pushed_plan(engine, kind="rebalance", base_epoch=0) -> int:
     phy2log = np.tile(np.arange(8, dtype=np.int64), (2, 1))  # [L=2, G*S=8]
     epoch = P.create_plan(engine, "j", phy2log, world_size=8, slots_per_rank=1, kind=kind,
                           base_epoch=base_epoch)
-    P.transition(engine, "j", epoch, P.PlanStatus.APPROVED, allowed_from=(P.PlanStatus.PROPOSED,))
-    P.transition(engine, "j", epoch, P.PlanStatus.PUSHED, allowed_from=(P.PlanStatus.APPROVED,))
+    P.transition(engine, "j", epoch, Status.APPROVED)
+    P.transition(engine, "j", epoch, Status.PUSHED)
     return epoch
 
 

@@ -27,19 +27,19 @@ def lease(engine, job):
 
 
 def test_two_replicas_share_agents_and_fail_over(tmp_path, pg_url, redis_url):
-    r1 = start_serve(tmp_path, pg_url, redis_url, name="replica-1")
-    r2 = start_serve(tmp_path, pg_url, redis_url, name="replica-2")
+    r1 = start_serve(tmp_path, pg_url, redis_url=redis_url, name="replica-1")
+    r2 = start_serve(tmp_path, pg_url, redis_url=redis_url, name="replica-2")
     engine = make_engine(pg_url)
     agents = []
     try:
-        a0 = ScriptedAgent(r1.info["grpc_port"], "node-0")
-        a1 = ScriptedAgent(r2.info["grpc_port"], "node-1")
+        a0 = ScriptedAgent(r1.grpc_port, "node-0")
+        a1 = ScriptedAgent(r2.grpc_port, "node-1")
         for a, ranks in ((a0, [0, 1]), (a1, [2, 3])):
             aio.run(a.__aenter__())
             agents.append(a)
             a.send(job_hello(a.node_id, ranks))
             aio.run(a.wait_for(lambda r: any(m.WhichOneof("body") == "config" for m in r)))
-        http = httpx.Client(base_url=r1.info["http"] + "/api/v1", timeout=10)
+        http = httpx.Client(base_url=r1.http + "/api/v1", timeout=10)
         http.put("/jobs/job-1/policy", json={"min_interval_s": 0})
         for step in range(5):
             c = skewed(step)
@@ -65,8 +65,8 @@ def test_two_replicas_share_agents_and_fail_over(tmp_path, pg_url, redis_url):
         for a in agents:
             aio.run(a.__aexit__(None, None, None))
         agents.clear()
-        b0 = ScriptedAgent(follower.info["grpc_port"], "node-0")
-        b1 = ScriptedAgent(follower.info["grpc_port"], "node-1")
+        b0 = ScriptedAgent(follower.grpc_port, "node-0")
+        b1 = ScriptedAgent(follower.grpc_port, "node-1")
         for b, ranks in ((b0, [0, 1]), (b1, [2, 3])):
             aio.run(b.__aenter__())
             agents.append(b)
@@ -74,7 +74,7 @@ def test_two_replicas_share_agents_and_fail_over(tmp_path, pg_url, redis_url):
             aio.run(b.wait_for(lambda _r, b=b: plans_of(b)))  # the running plan is re-sent
             b.send(report(50, 1, pb.PLAN_STATE_APPLIED, 6))
             aio.run(b.wait_acks([50]))
-        http2 = httpx.Client(base_url=follower.info["http"] + "/api/v1", timeout=10)
+        http2 = httpx.Client(base_url=follower.http + "/api/v1", timeout=10)
         assert http2.get("/jobs/job-1/plans/1").json()["status"] == "applied"
         rb = http2.post("/jobs/job-1/rollback", json={"epoch": 0}).json()
         for b in agents:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from moeplane.controlplane.domain.lifecycle import Status
 from moeplane.controlplane.store.records import (
     DeviceRecord,
     HelloRecord,
@@ -161,15 +162,15 @@ class SimJob:
         from moeplane.controlplane.store import plans as P
 
         return P.create_plan(self.writer.engine, self.job_id, phy2log, world_size=self.ranks(),
-                             slots_per_rank=self.slots_per_rank(), status=P.PlanStatus(status), **fields)
+                             slots_per_rank=self.slots_per_rank(), status=Status(status), **fields)
 
     def apply(self, epoch: int, step: int) -> None:
         """Walk a plan to applied at ``step`` as the agents would: approved, pushed, applied."""
         from moeplane.controlplane.store import plans as P
 
         e = self.writer.engine
-        P.transition(e, self.job_id, epoch, P.PlanStatus.APPROVED, allowed_from=(P.PlanStatus.PROPOSED,))
-        P.transition(e, self.job_id, epoch, P.PlanStatus.PUSHED, allowed_from=(P.PlanStatus.APPROVED,))
+        P.transition(e, self.job_id, epoch, Status.APPROVED)
+        P.transition(e, self.job_id, epoch, Status.PUSHED)
         for n in range(self.nodes):
             P.record_report(e, self.job_id, epoch, self.node_id(n), "applied", step)
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from sqlalchemy import event
 
+from moeplane.controlplane.domain.lifecycle import Status
 from moeplane.controlplane.store import plans as P
 from moeplane.controlplane.store.engine import make_engine
 from moeplane.controlplane.store.migrate import upgrade
@@ -111,7 +112,7 @@ def test_placement_cache_reads_the_blob_once_per_running_plan(sim):
     # a plan that does not fit the loads: identity, without reading the blob again to find that out
     assert [refresh((3, 6)) for _ in range(2)] == [("identity", 1), ("identity", 0)]
     # the running plan rolled back: the one before runs again (still cached), as without the cache
-    P.transition(engine, job.job_id, second, P.PlanStatus.ROLLED_BACK, allowed_from=(P.PlanStatus.APPLIED,))
+    P.transition(engine, job.job_id, second, Status.ROLLED_BACK)
     assert refresh() == (f"epoch {first}", 0)
 
 
@@ -136,7 +137,7 @@ def test_history_placements_share_the_cache_with_the_live_view(sim):
     job.apply(first, step=10)
     second = job.plan((job.identity() + 2) % job.experts)
     job.apply(second, step=20)
-    P.transition(engine, job.job_id, second, P.PlanStatus.ROLLED_BACK, allowed_from=(P.PlanStatus.APPLIED,))
+    P.transition(engine, job.job_id, second, Status.ROLLED_BACK)
     want = placements_at_steps(engine, job.job_id, shape, steps)
     assert [p.source for p in want] == ["identity", f"epoch {first}", f"epoch {first}",
                                         f"epoch {second}", f"epoch {second}"]  # rolled back, but it ran
