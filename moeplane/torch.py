@@ -4,6 +4,12 @@ Everything a training job uses is imported from here; the modules behind it may 
 
     from moeplane.torch import Reporter, ExpertParallelMoE, PlanApplier, MemoryOffload
 
+- :func:`attach` — watches the expert loads of an unmodified MoE model (transformers 5.x,
+  or any model whose experts module is called with ``top_k_index`` or whose router returns
+  expert ids): ``watch = attach(model, reporter=reporter)``; ``watch.take()`` gives ``[L, E]``.
+- :func:`expert_parallel` — puts an unmodified transformers 5.x MoE model's experts into
+  expert-parallel slots over the ranks, in place: ``ep = expert_parallel(model,
+  slots_per_rank=S)``; ``ep.sync_gradients()``, ``ep.apply(phy2log, optimizer=opt)``.
 - :class:`Reporter` — per-step expert loads, step statistics and memory profiles, handed to a
   background sender that talks to the node agent over its Unix socket; never blocks a step.
 - :class:`ExpertParallelMoE`, :func:`moe_blocks`, :func:`attach_counter`,
@@ -19,7 +25,9 @@ Everything a training job uses is imported from here; the modules behind it may 
   They need no torch: ``moeplane.agents.sdk.rl`` imports without it.
 """
 
+from moeplane.agents.sdk.adapters.watch import Watch, WatchError, attach
 from moeplane.agents.sdk.applier import PlanApplier, PlanRejected
+from moeplane.agents.sdk.hf_ep import ExpertParallel, expert_parallel
 from moeplane.agents.sdk.memory.runner import MemoryOffload
 from moeplane.agents.sdk.moe import ExpertParallelMoE, attach_counter, moe_blocks, sync_gradients
 from moeplane.agents.sdk.reporter import Reporter, memory_breakdown
@@ -34,16 +42,21 @@ from moeplane.agents.sdk.rl import (
 )
 
 __all__ = [
+    "ExpertParallel",
     "ExpertParallelMoE",
     "MemoryOffload",
     "PhaseRecorder",
     "PlanApplier",
     "PlanRejected",
     "Reporter",
+    "Watch",
+    "WatchError",
+    "attach",
     "attach_counter",
     "attach_rl",
     "consumed_batch",
     "detach_rl",
+    "expert_parallel",
     "memory_breakdown",
     "moe_blocks",
     "phase",

@@ -91,7 +91,9 @@ class Reporter:
     """Collects per-step statistics of one rank and streams them to the node agent.
 
     Args:
-        counter: ``[L, E]`` int64 load counter filled by the MoE blocks (device tensor).
+        counter: ``[L, E]`` int64 load counter filled by the MoE blocks (device tensor); None
+            when :func:`moeplane.torch.attach` supplies it (``attach(model, reporter=...)``
+            calls :meth:`bind_counter`).
         rank: global rank.
         job: the job's shape (``JobSpec``; ``job_id``, ``layers``, ``experts`` required).
         socket_path: the agent's Unix socket; None measures without sending.
@@ -105,7 +107,7 @@ class Reporter:
 
     def __init__(
         self,
-        counter: torch.Tensor,
+        counter: torch.Tensor | None,
         *,
         rank: int,
         job: pb.JobSpec,
@@ -119,11 +121,12 @@ class Reporter:
         clock: Callable[[], float] = time.time,
         perf: Callable[[], float] = time.perf_counter,
     ):
-        if counter.dim() != 2 or tuple(counter.shape) != (job.layers, job.experts):
-            raise ValueError(f"counter: shape {tuple(counter.shape)} != job [{job.layers}, "
-                             f"{job.experts}]")
-        self.counter = counter
         self.rank, self.job, self.device_id = rank, job, device_id
+        self.counter: torch.Tensor | None = None
+        self.cuda = False
+        self._before_snapshot: Callable[[], object] | None = None
+        if counter is not None:
+            self.bind_counter(counter)
         self.socket_path = socket_path
         self.on_plan = on_plan
         self.model, self.optimizer = model, optimizer
@@ -131,7 +134,6 @@ class Reporter:
         if offload is not None and offload.on_report is None:
             offload.on_report = self.send_report
         self.clock, self.perf = clock, perf
-        self.cuda = counter.is_cuda
         self.dropped = 0
         self.sent_steps = 0
         self.rejected: list[pb.Ack] = []
@@ -151,6 +153,16 @@ class Reporter:
         self._last_event = None
 
     # ------------------------------------------------------------------ training-loop side
+
+    def bind_counter(self, counter: torch.Tensor,
+                     before_snapshot: Callable[[], object] | None = None) -> None:
+        """Read the loads from ``counter`` (``[L, E]`` int64, the job's shape); call
+        ``before_snapshot`` at the start of every :meth:`end_step` (e.g. to fold pending
+        router indices into the counter)."""
+        if counter.dim() != 2 or tuple(counter.shape) != (self.job.layers, self.job.experts):
+            raise ValueError(f"counter: shape {tuple(counter.shape)} != job [{self.job.layers}, "
+                             f"{self.job.experts}]")
+        self.counter, self.cuda, self._before_snapshot = counter, counter.is_cuda, before_snapshot
 
     def start(self) -> Reporter:
         """Start the sender thread (no-op without a socket)."""
@@ -221,6 +233,10 @@ class Reporter:
         now = self.perf()
         step_time, host_s = now - self._last_end, self._host_s
         self._last_end, self._host_s = now, 0.0
+        if self.counter is None:
+            raise RuntimeError("Reporter: no load counter (pass one, or attach(model, reporter=...))")
+        if self._before_snapshot is not None:
+            self._before_snapshot()
         snap = self.counter.clone()
         self.counter.zero_()
         item = _Step(step, snap, step_time, host_s, tokens, self.clock())
