@@ -1,6 +1,7 @@
 """Expert placement planning (pure): loads in, placements and plans out, no I/O.
 
-Entry points: ``plan_placement`` (fresh or incremental plans as a ``Plan``), the load
+Entry points: ``plan_placement`` (fresh or incremental plans as a ``Plan``),
+``route_replicas`` (one step's tokens divided among an expert's replicas), the load
 forecasters in ``prediction``, and helpers ``balancedness`` / ``gpu_loads`` /
 ``count_moves`` / ``eplb_greedy`` (the reference policy).
 """
@@ -25,6 +26,7 @@ from moeplane.controlplane.balancing.prediction import (
     one_step_ahead_error,
     window_forecast,
 )
+from moeplane.controlplane.balancing.routing import route_replicas, route_with, routing_table
 
 __all__ = [
     "FORECASTERS",
@@ -45,5 +47,8 @@ __all__ = [
     "one_step_ahead_error",
     "plan_placement",
     "replica_counts",
+    "route_replicas",
+    "route_with",
+    "routing_table",
     "window_forecast",
 ]

@@ -1,0 +1,296 @@
+"""Per-step replica routing (pure): one step's tokens of each logical expert divided among
+its replicas so that the most loaded GPU is as light as possible.
+
+``route_replicas(loads, phy2log, *, gpus) -> slot_tokens``:
+
+- ``loads [L, E]`` int64: one step's global tokens per logical expert;
+- ``phy2log [L, G*S]`` int64: logical expert of each physical slot (GPU ``g`` owns slots
+  ``g*S .. (g+1)*S-1``);
+- ``slot_tokens [L, G*S]`` int64: tokens each slot receives; for every (l, e) they sum exactly
+  to ``loads[l, e]``.
+
+The rule. With the replicas fixed, a layer's least possible max GPU load is a linear
+program. An expert with one holding GPU puts all its tokens there; an expert held by several
+GPUs (its *replicated* experts) may divide them freely. Among all divisions, the one that
+minimises the sum of squared GPU loads also minimises the max (it is the decreasingly minimal
+point of a base polytope; Fujishige). ``route_replicas`` approaches it by damped simultaneous
+water-filling: each replicated expert, given the other experts' load on its GPUs, pours its
+tokens into them to one level; it moves ``OMEGA / m`` of the way there, ``m`` the most
+replicated experts sharing one of its GPUs (with ``OMEGA = 1`` every iteration lowers the
+sum of squares; 1.5 converges faster in practice). After ``ITERATIONS`` rounds the division
+with the lowest max load seen, per layer, is kept (the even split is the first one seen, so
+the result is never worse than it). Several slots of one expert on one GPU share that GPU's
+tokens evenly. Fractional shares become integers by cumulative rounding over the expert's
+slots in slot order, so each slot is within one token of its share and the expert's slots sum
+exactly to ``loads[l, e]``.
+
+Senders and ties. The rule divides a global count; which sender's tokens fill which slot does
+not change any GPU's load, so the SDK fills slots local-first (``moeplane.agents.sdk.routing``):
+each sender's tokens of an expert go first to that expert's slots on its own rank, then on its
+node, then anywhere; every rank derives the same assignment from the same all-gathered counts.
+
+``routing_table`` holds the part that depends only on the placement (computed once per plan;
+the SDK keeps it on the device); ``route_with`` applies it to one step's loads.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from moeplane.controlplane.balancing.validate import check_count, check_placement
+
+__all__ = [
+    "ITERATIONS",
+    "OMEGA",
+    "RoutingTable",
+    "fractional_shares",
+    "route_replicas",
+    "route_with",
+    "routed_gpu_loads",
+    "routing_table",
+]
+
+ITERATIONS = 32  # water-filling rounds (the benchmark: within 1 % of the LP optimum)
+OMEGA = 1.5  # over-relaxation of the damped step OMEGA / m
+FAR = 1e30  # load of the padding GPU: never below a water level, never filled
+
+
+@dataclass(frozen=True, eq=False)
+class RoutingTable:
+    """What routing needs from a placement ``phy2log [L, N]`` (``N = G*S``, ``P`` distinct
+    (layer, expert, GPU) pairs, ``H`` padded entries of replicated experts).
+
+    - ``order [L*N]``: flat slots sorted by (layer, expert, GPU, slot);
+    - ``pair_of_sorted [L*N]``: the pair of each sorted slot; ``group_end [L*N]`` bool: the
+      sorted slot is the last of its expert;
+    - ``pair_slots [P]``: slots of each pair; ``pair_gpu [P]``: ``layer*G + gpu``;
+      ``pair_expert [P]``: ``layer*E + expert``; ``pair_index [P]``: the pair's entry in
+      ``holders`` (-1: the expert has one holding GPU);
+    - ``holders [H]``: ``layer*G + gpu`` of each holder of each replicated expert, in buckets
+      ``(start, stop, width)`` of rows padded to ``width`` with the padding GPU ``L*G``;
+      ``rep_expert [H]``: ``layer*E + expert`` of each entry; ``alpha [H]``: its step
+      ``OMEGA / m``.
+    """
+
+    layers: int
+    experts: int
+    gpus: int
+    slots: int
+    order: np.ndarray
+    pair_of_sorted: np.ndarray
+    group_end: np.ndarray
+    pair_slots: np.ndarray
+    pair_gpu: np.ndarray
+    pair_expert: np.ndarray
+    pair_index: np.ndarray
+    holders: np.ndarray
+    rep_expert: np.ndarray
+    alpha: np.ndarray
+    buckets: tuple[tuple[int, int, int], ...]
+
+
+def routing_table(phy2log: np.ndarray, *, gpus: int, num_experts: int) -> RoutingTable:
+    """The placement-only part of routing for ``phy2log [L, G*S]`` on ``gpus`` GPUs.
+
+    Raises ValueError naming the argument on a bad shape, ids outside ``[0, num_experts)`` or
+    an expert without a replica."""
+    gpus = check_count("gpus", gpus)
+    num_experts = check_count("num_experts", num_experts)
+    arr = np.asarray(phy2log)
+    if arr.ndim != 2:
+        raise ValueError(f"phy2log must have shape [layers, gpus*slots], got shape {arr.shape}")
+    num_layers, num_slots = arr.shape
+    if num_slots % gpus:
+        raise ValueError(f"phy2log has {num_slots} slots per layer, not a multiple of gpus = {gpus}")
+    p2l = check_placement("phy2log", arr, num_layers, num_slots, num_experts)
+    spg = num_slots // gpus
+    layer = np.arange(num_layers, dtype=np.int64)[:, None]
+    gpu = np.arange(num_slots, dtype=np.int64) // spg
+    key = ((layer * num_experts + p2l) * gpus + gpu[None, :]).ravel()
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    first = np.r_[True, sk[1:] != sk[:-1]]
+    pair_of_sorted = np.cumsum(first) - 1
+    upair = sk[first]
+    pair_slots = np.bincount(pair_of_sorted).astype(np.int64)
+    pair_expert = upair // gpus
+    pair_gpu = (pair_expert // num_experts) * gpus + upair % gpus
+    holders_of = np.bincount(pair_expert, minlength=num_layers * num_experts)
+    rep = holders_of[pair_expert] >= 2
+    # replicated experts in buckets of equal padded width (2, 4, 8, ...): rows of a bucket
+    # are padded to its width with the padding GPU ``L*G``; buckets lie end to end in flat
+    # arrays (``holders``), widest last
+    k = holders_of[pair_expert]
+    width = np.where(rep, 1 << np.ceil(np.log2(np.maximum(k, 1))).astype(np.int64), 0)
+    rep_pairs = np.flatnonzero(rep)
+    bucket_order = rep_pairs[np.argsort(width[rep_pairs], kind="stable")]
+    col = np.empty(upair.size, dtype=np.int64)
+    firsts = np.searchsorted(pair_expert, pair_expert)
+    col[:] = np.arange(upair.size) - firsts
+    buckets = []
+    pair_index = np.full(upair.size, -1, dtype=np.int64)
+    pieces, offset = [], 0
+    for wdt in np.unique(width[rep_pairs]):
+        members = bucket_order[width[bucket_order] == wdt]
+        experts_b = np.unique(pair_expert[members])
+        row = np.searchsorted(experts_b, pair_expert[members])
+        block = np.full((experts_b.size, int(wdt)), num_layers * gpus, dtype=np.int64)
+        block[row, col[members]] = pair_gpu[members]
+        pair_index[members] = offset + row * int(wdt) + col[members]
+        buckets.append((offset, offset + block.size, int(wdt), experts_b))
+        pieces.append(block.ravel())
+        offset += block.size
+    holders = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    rep_expert = (
+        np.concatenate([np.repeat(b[3], b[2]) for b in buckets]) if buckets
+        else np.zeros(0, dtype=np.int64)
+    )
+    # m: replicated experts sharing each GPU; a replicated expert steps OMEGA / max m
+    real = holders < num_layers * gpus
+    sharing = np.bincount(holders[real], minlength=num_layers * gpus + 1)
+    sharing[-1] = 0
+    m = np.ones(holders.size, dtype=np.int64)
+    for lo, hi, wdt, _ in buckets:
+        per_row = sharing[holders[lo:hi]].reshape(-1, wdt).max(axis=1)
+        m[lo:hi] = np.repeat(np.maximum(per_row, 1), wdt)
+    sexp = sk // gpus
+    group_end = np.r_[sexp[1:] != sexp[:-1], True]
+    return RoutingTable(
+        layers=num_layers, experts=num_experts, gpus=gpus, slots=num_slots, order=order,
+        pair_of_sorted=pair_of_sorted, pair_slots=pair_slots, pair_gpu=pair_gpu,
+        pair_expert=pair_expert, pair_index=pair_index, holders=holders,
+        rep_expert=rep_expert, alpha=OMEGA / m, group_end=group_end,
+        buckets=tuple((lo, hi, wdt) for lo, hi, wdt, _ in buckets),
+    )
+
+
+def _check_loads(loads: object, table: RoutingTable) -> np.ndarray:
+    arr = np.asarray(loads)
+    if arr.dtype == np.bool_ or arr.dtype.kind not in "iu":
+        raise ValueError(f"loads must be an integer array (tokens), got dtype {arr.dtype}")
+    if arr.shape != (table.layers, table.experts):
+        raise ValueError(
+            f"loads must have shape [layers, experts] = [{table.layers}, {table.experts}] "
+            f"(as phy2log), got {arr.shape}"
+        )
+    out = arr.astype(np.int64)
+    if (out < 0).any():
+        raise ValueError("loads must be non-negative")
+    return out
+
+
+def fractional_shares(table: RoutingTable, loads: np.ndarray, iterations: int = ITERATIONS):
+    """Tokens of each (layer, expert, GPU) pair before rounding: float64 ``[P]``, for int64
+    ``loads [L, E]`` (checked by the caller)."""
+    w = loads.ravel().astype(np.float64)
+    lg = table.layers * table.gpus
+    single = table.pair_index < 0
+    base = np.bincount(table.pair_gpu[single], weights=w[table.pair_expert[single]],
+                       minlength=lg + 1)
+    base[lg] = FAR
+    holders, alpha = table.holders, table.alpha
+    pad = holders == lg
+    wr = w[table.rep_expert]
+    real = np.bincount(table.rep_expert[~pad], minlength=w.size)
+    x = np.where(pad, 0.0, wr / np.maximum(real[table.rep_expert], 1))
+    start = x
+    target = np.empty_like(x)
+    for _ in range(iterations):
+        load = base + np.bincount(holders, weights=x, minlength=lg + 1)
+        others = load[holders] - x  # load of the other experts on each holder
+        for lo, hi, wdt in table.buckets:
+            o = others[lo:hi].reshape(-1, wdt)
+            tokens = wr[lo:hi:wdt]
+            # water level = min over the prefixes of the holders sorted by load of
+            # (tokens + the prefix's load) / its size
+            if wdt == 2:
+                a, b = o[:, 0], o[:, 1]
+                low = np.minimum(a, b)
+                top = np.minimum(tokens + low, 0.5 * (tokens + a + b))
+            else:
+                tri, size = _prefix_sums(wdt)
+                top = ((tokens[:, None] + np.sort(o, axis=1) @ tri) / size).min(axis=1)
+            target[lo:hi] = np.maximum(top[:, None] - o, 0.0).ravel()
+        x = x + alpha * (target - x)
+    x = _better_of(table, base, start, x)
+    shares = w[table.pair_expert]
+    rep = ~single
+    shares[rep] = x[table.pair_index[rep]]
+    return shares
+
+
+def _better_of(table: RoutingTable, base: np.ndarray, a: np.ndarray, b: np.ndarray):
+    """Per layer, the division ``a`` or ``b`` (``[H]``) with the lower max GPU load."""
+    lg = table.layers * table.gpus
+    peaks = [
+        (base + np.bincount(table.holders, weights=v, minlength=lg + 1))[:lg]
+        .reshape(table.layers, table.gpus).max(axis=1)
+        for v in (a, b)
+    ]
+    keep_b = peaks[1] <= peaks[0]
+    return np.where(keep_b[table.rep_expert // table.experts], b, a)
+
+
+@functools.lru_cache(maxsize=32)
+def _prefix_sums(width: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(triu(ones [width, width]), [1 .. width])``: ``v @ first`` sums each prefix of a
+    row ``v``; the second is each prefix's size."""
+    return np.triu(np.ones((width, width))), np.arange(1, width + 1, dtype=np.float64)
+
+
+def route_with(
+    table: RoutingTable, loads: np.ndarray, *, iterations: int = ITERATIONS
+) -> np.ndarray:
+    """``route_replicas`` with a prepared ``table``: ``loads [L, E]`` int -> int64
+    ``slot_tokens [L, G*S]``."""
+    w = _check_loads(loads, table)
+    iterations = check_count("iterations", iterations, minimum=0)
+    shares = fractional_shares(table, w, iterations)
+    per_slot = shares[table.pair_of_sorted] / table.pair_slots[table.pair_of_sorted]
+    return _round_slots(table, w, per_slot)
+
+
+def _round_slots(table: RoutingTable, w: np.ndarray, per_slot: np.ndarray) -> np.ndarray:
+    """Cumulative rounding of ``per_slot [L*N]`` (sorted order) within each expert's slots."""
+    n = per_slot.size
+    cum = np.cumsum(per_slot.reshape(table.layers, table.slots), axis=1).ravel()
+    start = np.r_[True, table.group_end[:-1]]  # groups never cross a layer's row
+    first = np.maximum.accumulate(np.where(start, np.arange(n), 0))
+    before = np.where(first % table.slots == 0, 0.0, cum[first - 1])
+    ints = np.floor(cum - before + 0.5).astype(np.int64)
+    ends = table.group_end
+    ints[ends] = w.ravel()[table.pair_expert[table.pair_of_sorted[ends]]]
+    tokens_sorted = ints - np.where(start, 0, np.r_[0, ints[:-1]])
+    out = np.empty(table.layers * table.slots, dtype=np.int64)
+    out[table.order] = tokens_sorted
+    return out.reshape(table.layers, table.slots)
+
+
+def route_replicas(
+    loads: np.ndarray, phy2log: np.ndarray, *, gpus: int, iterations: int = ITERATIONS
+) -> np.ndarray:
+    """Divide one step's tokens of each logical expert among its replicas, the most loaded
+    GPU as light as possible: ``loads [L, E]`` int64 (tokens), ``phy2log [L, G*S]`` int64 ->
+    ``slot_tokens [L, G*S]`` int64, summing over each expert's slots exactly to
+    ``loads[l, e]``. Pure and deterministic. Raises ValueError naming the argument on a bad
+    shape, dtype or id."""
+    arr = np.asarray(loads)
+    if arr.ndim != 2:
+        raise ValueError(f"loads must have shape [layers, experts], got shape {arr.shape}")
+    p2l = np.asarray(phy2log)
+    if p2l.ndim != 2 or p2l.shape[0] != arr.shape[0]:
+        raise ValueError(
+            f"phy2log must have shape [layers, gpus*slots] with {arr.shape[0]} layers "
+            f"(as loads), got shape {p2l.shape}"
+        )
+    table = routing_table(p2l, gpus=gpus, num_experts=arr.shape[1])
+    return route_with(table, arr, iterations=iterations)
+
+
+def routed_gpu_loads(slot_tokens: np.ndarray, gpus: int) -> np.ndarray:
+    """Tokens per GPU: ``slot_tokens [L, G*S]`` -> int64 ``[L, G]``."""
+    st = np.asarray(slot_tokens)
+    return st.reshape(st.shape[0], gpus, -1).sum(axis=2)
