@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -110,9 +111,13 @@ def spawn(name: str, argv: list[str], log_dir: Path, *, env: dict[str, str] | No
 
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:
-    """Whether ``GET url`` answers 200."""
-    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - our own loopback URL
-        return r.status == 200
+    """Whether ``GET url`` answers 200 (OSError when nothing answers)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - our own loopback URL
+            return r.status == 200
+    except urllib.error.HTTPError as exc:  # an answer other than 2xx: not ready yet
+        exc.close()
+        return False
 
 
 def start_serve(log_dir: Path, database_url: str, *, name: str = "serve",

@@ -64,11 +64,11 @@ def test_token_cli_against_serve_auth(tmp_path):
     proc = start_serve(tmp_path, url, extra=["--auth", "--no-dashboard"])
     try:
         assert "auth=on" in proc.output()
-        base = proc.info["http"]
+        base = proc.http
         h = {"Authorization": f"Bearer {secret}"}
         assert httpx.get(f"{base}/api/v1/jobs", headers=h, timeout=10).status_code == 200
         assert httpx.get(f"{base}/api/v1/jobs", timeout=10).status_code == 401
-        port = proc.info["grpc_port"]
+        port = proc.grpc_port
         assert aio.run(first_reply(port, "node-7", node_secret))[0] == "ok"
         assert aio.run(first_reply(port, "node-8", node_secret)) == ("error", grpc.StatusCode.PERMISSION_DENIED)
         tid = listed.stdout.split()[0]

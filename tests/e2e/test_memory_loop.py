@@ -20,11 +20,11 @@ JOB, DEVICE = "mem", "node-0/gpu0"
 def test_profiles_decision_apply_and_measured_report(tmp_path):
     serve = start_serve(tmp_path, f"sqlite:///{tmp_path / 'mem.sqlite'}")
     procs: list[Proc] = [serve]
-    api = httpx.Client(base_url=serve.info["http"] + f"/api/v1/jobs/{JOB}", timeout=10)
+    api = httpx.Client(base_url=serve.http + f"/api/v1/jobs/{JOB}", timeout=10)
     try:
         sock = tmp_path / "agent.sock"
         procs.append(spawn("agent", [
-            "agent", "--node-id", "node-0", "--server", serve.info["grpc"], "--collector", "sim",
+            "agent", "--node-id", "node-0", "--server", serve.grpc, "--collector", "sim",
             "--devices", "1", "--job-id", JOB, "--ranks", "0", "--local-socket", str(sock),
             "--spool-dir", str(tmp_path / "spool"), "--interval", "0.5",
             "--memory-interval", "0.2"], tmp_path))

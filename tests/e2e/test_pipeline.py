@@ -21,7 +21,7 @@ def start_job(tmp, serve, steps: int, step_time: float = 0.1, job: str = "e2e"):
     for i in range(NODES):
         agents.append(
             spawn(f"agent-{i}", [
-                "agent", "--node-id", f"node-{i}", "--server", serve.info["grpc"], "--collector", "sim",
+                "agent", "--node-id", f"node-{i}", "--server", serve.grpc, "--collector", "sim",
                 "--devices", str(GPN), "--job-id", job, "--ranks", f"{i * GPN}-{(i + 1) * GPN - 1}",
                 "--local-socket", str(tmp / f"a{i}.sock"), "--spool-dir", str(tmp / f"spool{i}"),
                 "--interval", "0.2",
@@ -36,9 +36,9 @@ def start_job(tmp, serve, steps: int, step_time: float = 0.1, job: str = "e2e"):
 
 
 def check_pipeline(tmp, database_url, redis_url=""):
-    serve = start_serve(tmp, database_url, redis_url)
+    serve = start_serve(tmp, database_url, redis_url=redis_url)
     agents, sim = start_job(tmp, serve, steps=20)
-    api = httpx.Client(base_url=serve.info["http"] + "/api/v1", timeout=10)
+    api = httpx.Client(base_url=serve.http + "/api/v1", timeout=10)
     try:
         assert sim.popen.wait(120) == 0, sim.output()
         wait_until(lambda: (api.get("/jobs/e2e").json().get("latest_step") or 0) >= 19, 30, "all steps stored")
@@ -88,7 +88,7 @@ def test_pipeline_postgres_redis(tmp_path, pg_url, redis_url):
 def test_manual_policy_changes_nothing_until_approved(tmp_path):
     serve = start_serve(tmp_path, f"sqlite:///{tmp_path / 'm.sqlite'}", extra=["--rebalance-mode", "manual"])
     agents, sim = start_job(tmp_path, serve, steps=0, step_time=0.1)
-    api = httpx.Client(base_url=serve.info["http"] + "/api/v1", timeout=10)
+    api = httpx.Client(base_url=serve.http + "/api/v1", timeout=10)
     try:
         def proposals():
             r = api.get("/jobs/e2e/plans", params={"status": "proposed"})
@@ -130,7 +130,7 @@ def test_control_plane_down_30s_mid_job_loses_and_doubles_nothing(tmp_path):
     db = f"sqlite:///{tmp_path / 'k.sqlite'}"
     serve = start_serve(tmp_path, db)
     agents, sim = start_job(tmp_path, serve, steps=steps, step_time=0.1)
-    api = httpx.Client(base_url=serve.info["http"] + "/api/v1", timeout=10)
+    api = httpx.Client(base_url=serve.http + "/api/v1", timeout=10)
     try:
         wait_until(lambda: (api.get("/jobs/e2e").json().get("latest_step") or 0) >= 8, 60, "some steps")
         serve.stop(signal.SIGKILL)  # connections drop mid-stream; agents keep sampling and spool
@@ -139,8 +139,8 @@ def test_control_plane_down_30s_mid_job_loses_and_doubles_nothing(tmp_path):
         wait_until(lambda: all(spooled_samples(tmp_path / f"spool{i}") >= 30 / interval for i in range(NODES)),
                    120, "30 s of spooled samples on every agent", interval=0.5)
         assert sim.popen.poll() is None, "the job must still be running when the control plane returns"
-        serve = spawn_on_port(tmp_path, db, serve.info["grpc_port"])
-        api = httpx.Client(base_url=serve.info["http"] + "/api/v1", timeout=10)
+        serve = spawn_on_port(tmp_path, db, serve.grpc_port)
+        api = httpx.Client(base_url=serve.http + "/api/v1", timeout=10)
         assert sim.popen.wait(300) == 0, sim.output()
 
         def complete():
@@ -170,11 +170,4 @@ def test_control_plane_down_30s_mid_job_loses_and_doubles_nothing(tmp_path):
 
 
 def spawn_on_port(tmp, db, grpc_port):
-    from tests.conftest import free_port
-
-    http_port = free_port()
-    proc = spawn("serve-3", ["serve", "--database-url", db, "--http-port", str(http_port),
-                             "--grpc-listen", f"127.0.0.1:{grpc_port}"], tmp)
-    proc.info = {"http": f"http://127.0.0.1:{http_port}", "grpc_port": grpc_port, "grpc": f"127.0.0.1:{grpc_port}"}
-    wait_until(lambda: httpx.get(proc.info["http"] + "/api/v1/health", timeout=2).status_code == 200, 60, "serve-3")
-    return proc
+    return start_serve(tmp, db, name="serve-3", grpc_port=grpc_port, timeout=60)

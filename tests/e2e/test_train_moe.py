@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_training_job_is_rebalanced_live(tmp_path):
     serve = start_serve(tmp_path, f"sqlite:///{tmp_path / 't.sqlite'}")
     sock = tmp_path / "agent.sock"
-    agent = spawn("agent", ["agent", "--node-id", "node-0", "--server", serve.info["grpc"], "--collector", "host",
+    agent = spawn("agent", ["agent", "--node-id", "node-0", "--server", serve.grpc, "--collector", "host",
                             "--job-id", "train-moe", "--ranks", "0-3", "--local-socket", str(sock),
                             "--spool-dir", str(tmp_path / "spool")], tmp_path)
-    api = httpx.Client(base_url=serve.info["http"] + "/api/v1", timeout=10)
+    api = httpx.Client(base_url=serve.http + "/api/v1", timeout=10)
     try:
         r = api.put("/default-policy", json={"min_interval_s": 2, "sustain_steps": 3})
         assert r.status_code == 200, r.text
