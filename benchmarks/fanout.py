@@ -56,18 +56,9 @@ from benchmarks.scaleharness import (
 )
 from moeplane.controlplane.balancing import identity_placement, plan_placement
 from moeplane.controlplane.loadgen.stats import percentiles
+from moeplane.controlplane.procs import wait_until
 
 JOB = "fanout"
-
-
-def wait(fn, timeout: float, what: str, period: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(period)
-    raise TimeoutError(what)
 
 
 def skewed_loads(layers: int, experts: int, seed: int) -> np.ndarray:
@@ -119,16 +110,17 @@ def one(agents: int, a, tmp: Path) -> list[dict]:
                          str(a.ranks_per_node), "--step-time", "0", "--sample-interval", "0",
                          "--duration", "3600", "--processes", str(a.lg_processes), "--job", JOB,
                          "--layers", str(a.layers), "--experts", str(a.experts), name=f"fanout-{agents}")
-            wait(lambda: len(http.get("/nodes", params={"job_id": JOB}).json()) >= agents, 300, "agents", 0.5)
+            wait_until(lambda: len(http.get("/nodes", params={"job_id": JOB}).json()) >= agents, 300, "agents",
+                       interval=0.5)
             http.put(f"/jobs/{JOB}/policy", json={"mode": "manual", "min_interval_s": 1e9}).raise_for_status()
             job = http.get(f"/jobs/{JOB}").json()
             if (job["world_size"], job["slots_per_rank"]) != (world, slots):
                 raise RuntimeError(f"job geometry {job['world_size']}x{job['slots_per_rank']}, expected {world}x{slots}")
 
             def applied(epoch: int) -> None:
-                wait(lambda: any(p["epoch"] == epoch and p["status"] == "applied"
-                                 for p in http.get(f"/jobs/{JOB}/plans", params={"limit": 3}).json()),
-                     300, f"plan {epoch} applied", a.poll_s)
+                wait_until(lambda: any(p["epoch"] == epoch and p["status"] == "applied"
+                                       for p in http.get(f"/jobs/{JOB}/plans", params={"limit": 3}).json()),
+                           300, f"plan {epoch} applied", interval=a.poll_s)
 
             def operator(phy2log: np.ndarray, reason: str) -> int:
                 r = http.post(f"/jobs/{JOB}/plans", json={"phy2log": phy2log.tolist(), "reason": reason})

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -18,21 +15,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import psutil
+
+from moeplane.controlplane import procs
+from moeplane.controlplane.procs import Proc, free_port
+
+__all__ = ["NO_CONTROLLER", "PG_ADMIN", "REDIS", "Meter", "cpu_of", "free_port",
+           "loadgen", "pg_database", "postgres_cpu", "read_json", "sqlite_database", "start_serve"]
 
 PG_ADMIN = os.environ.get("MOEPLANE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS = os.environ.get("MOEPLANE_BENCH_REDIS", "redis://127.0.0.1:6379/0")
-MOEPLANE = [sys.executable, "-m", "moeplane.controlplane.cli.main"]
 # The rebalancing controller's first tick finds no job; this interval keeps it from planning
 # during an ingest measurement (its planning cost is the planner benchmark's subject).
 NO_CONTROLLER = {"MOEPLANE_CONTROLLER_INTERVAL_S": "1e9"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -75,64 +70,17 @@ def cpu_of(pid: int) -> float:
     return c.user + c.system
 
 
-@dataclass
-class Serve:
-    popen: subprocess.Popen
-    grpc: str
-    http: str
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def rss(self) -> int:
-        return psutil.Process(self.pid).memory_info().rss
-
-    def stop(self, sig=signal.SIGTERM) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(sig)
-            try:
-                self.popen.wait(30)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(10)
-
-
-def start_serve(database_url: str, tmp: Path, *, redis_url: str = "", name: str = "serve",
-                grpc_port: int | None = None, http_port: int | None = None,
-                env: dict | None = None) -> Serve:
-    """Start ``moeplane serve`` and wait until /health answers. ``env``: extra environment."""
-    grpc_port = grpc_port or free_port()
-    http_port = http_port or free_port()
-    args = ["serve", "--database-url", database_url, "--grpc-listen", f"127.0.0.1:{grpc_port}",
-            "--http-port", str(http_port), "--no-dashboard"]
-    if redis_url:
-        args += ["--redis-url", redis_url]
-    log = tmp / f"{name}.log"
-    popen = subprocess.Popen(MOEPLANE + args, stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                             env=os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {}), start_new_session=True)
-    srv = Serve(popen, f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}", log)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if popen.poll() is not None:
-            raise RuntimeError(f"{name} exited:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(srv.http + "/api/v1/health", timeout=2).status_code == 200:
-                return srv
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    srv.stop(signal.SIGKILL)
-    raise RuntimeError(f"{name} did not become healthy:\n{log.read_text()[-3000:]}")
+def start_serve(database_url: str, tmp: Path, *, name: str = "serve", **kw) -> Proc:
+    """``moeplane serve`` without its dashboard (:func:`procs.start_serve`: free ports unless
+    given, waits for /health), its log under ``tmp``."""
+    return procs.start_serve(tmp, database_url, name=name, extra=["--no-dashboard"], **kw)
 
 
 def loadgen(targets: list[str], tmp: Path, *args: str, name: str = "loadgen") -> subprocess.Popen:
     """Start ``moeplane loadgen`` (its JSON observations go to tmp/<name>.json)."""
-    cmd = MOEPLANE + ["loadgen", *sum((["--target", t] for t in targets), []),
-                      "--json", str(tmp / f"{name}.json"), *args]
-    return subprocess.Popen(cmd, stdout=open(tmp / f"{name}.out", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                            start_new_session=True)
+    argv = ["loadgen", *sum((["--target", t] for t in targets), []),
+            "--json", str(tmp / f"{name}.json"), *args]
+    return procs.spawn(name, argv, tmp).popen
 
 
 def read_json(tmp: Path, name: str = "loadgen") -> dict:
