@@ -7,6 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from moeplane.agents.sim.workload import ExpertLoadModel, WorkloadSpec
 from moeplane.controlplane.balancing import (
     count_moves,
     eplb_greedy,
@@ -18,6 +19,13 @@ from moeplane.controlplane.balancing.repair import repair_search
 from tests.balancing.test_planner_properties import check_plan, problems
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _sim_trace(steps, layers, experts, gpus, top_k, seed):
+    """The simulator's workload (what ``moeplane simulate`` runs), defaults otherwise:
+    float64 ``[steps, layers, experts]`` tokens summed over the ``gpus`` ranks."""
+    model = ExpertLoadModel(WorkloadSpec(layers, experts, top_k, gpus), seed=seed)
+    return np.stack([model.step().sum(axis=0) for _ in range(steps)]).astype(np.float64)
 
 
 def _drifted(layers=6, experts=64, gpus=16, slots=5, seed=0):
@@ -63,10 +71,8 @@ def test_repair_plans_keep_the_invariants(problem):
 
 
 def test_repair_is_the_default_and_needs_fewer_moves_than_relieve():
-    from benchmarks.planner_traces import workload_trace
-
     gpus, slots = 32, 5
-    trace = workload_trace(70, 8, 128, gpus=gpus, top_k=8, seed=1)
+    trace = _sim_trace(70, 8, 128, gpus, 8, seed=1)
     old, new = trace[:20].mean(axis=0), trace[50:70].mean(axis=0)
     cur = eplb_greedy(old, gpus, slots)
     goal = layer_balancedness(gpu_loads(new, eplb_greedy(new, gpus, slots), gpus)).mean() + 0.01
@@ -91,11 +97,10 @@ def test_an_unknown_search_is_refused_by_name():
 def test_counting_gpus_over_the_level_saves_moves(monkeypatch):
     """The potential's per-GPU count term (``_COUNT_WEIGHT``) buys fewer moves for the same
     goal than the excess alone, on a drifted simulator workload."""
-    from benchmarks.planner_traces import workload_trace
     from moeplane.controlplane.balancing import repair
 
     gpus, slots = 32, 5
-    trace = workload_trace(70, 8, 128, gpus=gpus, top_k=8, seed=1)
+    trace = _sim_trace(70, 8, 128, gpus, 8, seed=1)
     old, new = trace[:20].mean(axis=0), trace[50:70].mean(axis=0)
     cur = eplb_greedy(old, gpus, slots)
     goal = layer_balancedness(gpu_loads(new, eplb_greedy(new, gpus, slots), gpus)).mean() + 0.01
