@@ -20,6 +20,7 @@ SUBCOMMAND_MODULES = (
     "plan",
     "token",
     "loadgen",
+    "load_import",
 )
 
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from sqlalchemy import event
 
+from harness.simjob import SimJob
 from moeplane.controlplane.domain.lifecycle import Status
 from moeplane.controlplane.store import plans as P
 from moeplane.controlplane.store.engine import make_engine
@@ -17,7 +18,6 @@ from moeplane.dashboard.source import (
     current_placement,
     placements_at_steps,
 )
-from tests.dashboard.simjob import SimJob
 
 
 @pytest.fixture
