@@ -3,7 +3,7 @@
 
 Run from the repository root:
 
-    .venv/bin/python -m benchmarks.dashboard --out docs/bench-dashboard.md
+    .venv/bin/python -m benchmarks.dashboard --reps 5
 
 Server side: the Dash callbacks are called over HTTP through Flask's test client (JSON in and
 out, as the browser sends them). Baseline, measured in the same run: the store queries each
@@ -23,12 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.browser import CHROMEDRIVER, DashboardServer, browser_options
+from harness.simjob import SimJob
 from moeplane.controlplane.store import queries as q
 from moeplane.controlplane.store.engine import make_engine
 from moeplane.controlplane.store.migrate import upgrade
 from moeplane.controlplane.store.writes import StoreWriter
 from moeplane.dashboard.app import create_dash
-from tests.dashboard.simjob import SimJob
 
 CLUSTER = "..cluster-grid.figure...cluster-shown.data...cluster-summary.children...link-graph.figure...device-select.options.."
 EXPERTS = (
@@ -162,12 +163,9 @@ def bench_browser(engine, sim: SimJob, reps: int) -> dict:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    from tests.dashboard.conftest import DashboardServer, browser_options
-
-    srv = DashboardServer(engine)
-    srv.start()
+    srv = DashboardServer(engine).start()
     profile = tempfile.mkdtemp(prefix="moeplane-bench-")
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=browser_options(profile))
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=browser_options(profile))
     driver.set_script_timeout(60)
     res: dict[str, object] = {}
     try:
@@ -206,29 +204,6 @@ def bench_browser(engine, sim: SimJob, reps: int) -> dict:
     return res
 
 
-def _serve(engine, **dash_kwargs) -> tuple[object, str]:
-    """uvicorn + FastAPI + a2wsgi around ``create_dash(engine, **dash_kwargs)``, in a thread."""
-    import threading
-
-    import httpx
-    import uvicorn
-    from a2wsgi import WSGIMiddleware
-    from fastapi import FastAPI
-
-    from tests.conftest import free_port
-    from tests.dashboard.conftest import wait_for
-
-    app = FastAPI()
-    app.mount("/dashboard", WSGIMiddleware(create_dash(engine, **dash_kwargs).server))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
-    threading.Thread(target=server.run, daemon=True).start()
-    url = f"http://127.0.0.1:{port}/dashboard/"
-    wait_for(lambda: httpx.get(url + "_dash-layout", timeout=2).status_code == 200, 20, "the dashboard")
-    return server, url
-
-
 def bench_cold(engine, sim: SimJob, reps: int) -> dict:
     """Cold first view of each page: a fresh Chromium profile (empty cache) per load, with the
     full plotly.js bundle (Dash's default, the baseline) and the partial bundle (as served),
@@ -238,33 +213,31 @@ def bench_cold(engine, sim: SimJob, reps: int) -> dict:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    from tests.dashboard.conftest import browser_options
-
-    servers = {"full plotly.js 4.8 MB": _serve(engine, partial_plotly=False),
-               "cartesian plotly.js 1.4 MB": _serve(engine)}
+    servers = {"full plotly.js 4.8 MB": DashboardServer(engine, partial_plotly=False).start(),
+               "cartesian plotly.js 1.4 MB": DashboardServer(engine).start()}
     n_dev = sim.nodes * sim.devices_per_node
     pages = (("cluster", "cluster-grid", 1, n_dev),
              ("experts", "expert-heatmap", sim.layers, sim.layers * sim.experts))
     times: dict[tuple[str, str], list[float]] = {}
     try:
         for _ in range(reps):
-            for variant, (_srv, url) in servers.items():
+            for variant, srv in servers.items():
                 for page, graph, rows, cells in pages:
                     profile = tempfile.mkdtemp(prefix="moeplane-bench-cold-")
-                    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"),
+                    driver = webdriver.Chrome(service=Service(CHROMEDRIVER),
                                               options=browser_options(profile))
                     try:
                         driver.set_script_timeout(60)
                         driver.get("about:blank")
-                        driver.get(url + page)
+                        driver.get(srv.url + page)
                         ms = driver.execute_async_script(_READY, graph, rows, cells)
                         times.setdefault((page, variant), []).append(ms / 1000.0)
                     finally:
                         driver.quit()
                         shutil.rmtree(profile, ignore_errors=True)
     finally:
-        for srv, _url in servers.values():
-            srv.should_exit = True
+        for srv in servers.values():
+            srv.stop()
     return {f"{page} cold first view, {variant}": ts for (page, variant), ts in times.items()}
 
 

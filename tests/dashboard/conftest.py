@@ -4,57 +4,32 @@ thread, and headless Chromium driven by selenium."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.conftest import free_port, unavailable
+from harness.browser import CHROMEDRIVER, CHROMIUM, DashboardServer, browser_options
+from moeplane.controlplane.procs import wait_until
+from tests.conftest import unavailable
 
-CHROMIUM = os.environ.get("MOEPLANE_CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("MOEPLANE_CHROMEDRIVER", "/usr/bin/chromedriver")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
-BROWSER_ARGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-component-update",
-    "--disable-sync",
-    "--window-size=1400,1000",
-)
 
 
 def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
-    """Poll ``predicate`` until it returns a truthy value or ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    tick = threading.Event()
-    last_exc = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as exc:  # noqa: BLE001 - retried until the deadline
-            last_exc = exc
-        tick.wait(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last error: {last_exc})")
+    """:func:`wait_until` where any exception (a stale element, a page mid-load) means not yet."""
+    return wait_until(predicate, timeout, what, retry_on=(Exception,))
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
+    from harness.simjob import SimJob
     from moeplane.controlplane.store.engine import make_engine
     from moeplane.controlplane.store.migrate import upgrade
     from moeplane.controlplane.store.writes import StoreWriter
-    from tests.dashboard.simjob import SimJob
 
     url = f"sqlite:///{tmp_path_factory.mktemp('dash') / 'store.sqlite'}"
     upgrade(url)
@@ -69,55 +44,12 @@ def store(tmp_path_factory):
     engine.dispose()
 
 
-class DashboardServer:
-    """uvicorn serving FastAPI with the Dash app mounted at /dashboard, in a thread."""
-
-    def __init__(self, engine):
-        import uvicorn
-        from a2wsgi import WSGIMiddleware
-        from fastapi import FastAPI
-
-        from moeplane.dashboard.app import create_dash
-
-        app = FastAPI()
-        app.mount("/dashboard", WSGIMiddleware(create_dash(engine).server))
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/dashboard/"
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off")
-        )
-        self.thread = threading.Thread(target=self.server.run, name="dashboard-uvicorn", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-        wait_for(lambda: self.server.started, 20, "uvicorn to start")
-        wait_for(lambda: httpx.get(self.url + "_dash-layout", timeout=2).status_code == 200, 20,
-                 "the dashboard to answer")
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
 @pytest.fixture(scope="module")
 def dashboard_server(store) -> Iterator[DashboardServer]:
     srv = DashboardServer(store[0])
     srv.start()
     yield srv
     srv.stop()
-
-
-def browser_options(profile_dir: str):
-    """Headless Chromium options with a fresh profile in ``profile_dir``."""
-    from selenium import webdriver
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in BROWSER_ARGS:
-        opts.add_argument(arg)
-    opts.add_argument(f"--user-data-dir={profile_dir}")
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return opts
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from harness.simjob import SimJob
 from moeplane.controlplane.store import plans as P
 from moeplane.controlplane.store.migrate import upgrade
 from moeplane.controlplane.store.writes import StoreWriter
@@ -26,7 +27,6 @@ from tests.dashboard.browsing import (
     text_of,
 )
 from tests.dashboard.conftest import SCREENSHOTS, wait_for
-from tests.dashboard.simjob import SimJob
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -5,6 +5,7 @@ import time
 import numpy as np
 import pytest
 
+from harness.simjob import SimJob
 from moeplane.controlplane.store import memory_profiles as M
 from moeplane.controlplane.store import offload as O
 from moeplane.controlplane.store.engine import make_engine
@@ -14,7 +15,6 @@ from moeplane.controlplane.store.writes import StoreWriter
 from moeplane.dashboard.history_queries import device_values_at, range_end_time
 from moeplane.dashboard.memory_views import GIB, breakdown_figure, decision_rows, memory_summary
 from moeplane.dashboard.source import current_placement, placements_at_steps
-from tests.dashboard.simjob import SimJob
 
 
 @pytest.fixture
