@@ -10,12 +10,14 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from moeplane.agents import messages
 from moeplane.agents import metrics as m
 from moeplane.agents.collectors.base import Collector
+from moeplane.agents.follow.tail import Follower
 from moeplane.agents.local import default_socket_path, start_local_server
 from moeplane.agents.node import NodeState
 from moeplane.agents.spool import Spool
@@ -40,6 +42,7 @@ class AgentOptions:
     max_spool_messages: int = 200_000
     max_spool_bytes: int = 256 << 20
     uplink: UplinkOptions = field(default_factory=UplinkOptions)
+    follow: list[tuple[str, str]] = field(default_factory=list)  # (verl|areal, path): RL logs
 
 
 def host_free_bytes() -> int:
@@ -69,6 +72,7 @@ class Agent:
                            max_bytes=options.max_spool_bytes)
         self.node: NodeState | None = None
         self.uplink: Uplink | None = None
+        self.followers: list[Follower] = []  # --follow sources, started by run()
 
     def _emit(self, msg: pb.AgentMessage) -> int:
         seq = self.spool.append(msg)
@@ -169,6 +173,9 @@ class Agent:
                  asyncio.create_task(self._deadline_loop(stop)),
                  asyncio.create_task(self._memory_loop(stop)),
                  asyncio.create_task(self.uplink.run(stop))]
+        self.followers = [Follower(kind, Path(path), self._emit, job_id=lambda: self.node.job_id,
+                                   clock=self.clock) for kind, path in o.follow]
+        tasks += [asyncio.create_task(f.run(stop)) for f in self.followers]
         stopper = asyncio.create_task(stop.wait())
         try:
             await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)

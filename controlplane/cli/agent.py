@@ -21,6 +21,17 @@ def parse_ranks(text: str) -> list[int]:
     return sorted(set(out))
 
 
+def follow_arg(text: str) -> tuple[str, str]:
+    """``verl=PATH`` / ``areal=DIR`` -> (kind, path)."""
+    from moeplane.agents.follow.tail import parse_follow
+
+    try:
+        kind, path = parse_follow(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return kind, str(path)
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "agent", help="run the node agent",
@@ -59,6 +70,10 @@ def register(subparsers) -> None:
                    help="at most one memory-profile message per this many seconds "
                         "(default %(default)s)")
     p.add_argument("--spool-max-mb", type=float, default=256.0, help="spool size bound")
+    p.add_argument("--follow", type=follow_arg, action="append", default=[], metavar="KIND=PATH",
+                   help="follow an RL framework's log and send its phases as spans (needs "
+                        "--job-id): verl=FILE (verl's file logger, VERL_FILE_LOGGER_PATH) or "
+                        "areal=DIR (AReaL's perf tracer, traces-r*.jsonl); repeatable")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
 
@@ -79,11 +94,13 @@ def run(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else zlib.crc32(args.node_id.encode())
     spool_dir = args.spool_dir or str(
         Path.home() / ".local" / "state" / "moeplane" / f"agent-{args.node_id}")
+    if args.follow and not args.job_id:
+        raise SystemExit("moeplane agent: --follow needs --job-id (the job the followed logs belong to)")
     options = AgentOptions(
         node_id=args.node_id, spool_dir=spool_dir, interval_s=args.interval,
         job_id=args.job_id, ranks=args.ranks, local_socket=args.local_socket,
         step_deadline_s=args.step_deadline, memory_interval_s=args.memory_interval,
-        max_spool_bytes=int(args.spool_max_mb * (1 << 20)),
+        max_spool_bytes=int(args.spool_max_mb * (1 << 20)), follow=args.follow,
         uplink=UplinkOptions(server=args.server, token=args.token, tls=args.tls,
                              tls_ca_file=args.tls_ca, seed=seed),
     )
