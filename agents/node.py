@@ -69,7 +69,7 @@ class NodeState:
         self.aggregator: StepAggregator | None = None
         self.plans: dict[int, _PlanProgress] = {}
         self.latest_plan: pb.PlacementPlan | None = None
-        self.announced: tuple[str, bytes, tuple[str, ...]] | None = None
+        self.announced: tuple | None = None
         self.step_opened = asyncio.Event()
         self.offload = OffloadRelay(emit, interval_s=memory_interval_s, host_free=host_free,
                                     clock=clock)
@@ -88,13 +88,14 @@ class NodeState:
             job_id=self.job_id, ranks=sorted(self.ranks()), job=self.job or pb.JobSpec(),
         )
 
-    def _announcement(self) -> tuple[str, bytes, tuple[tuple[str, int], ...]]:
-        """What a Hello says that can change mid-stream: job id, job spec, and each device
+    def _announcement(self) -> tuple[str, bytes, tuple[tuple[str, int], ...], tuple[int, ...]]:
+        """What a Hello says that can change mid-stream: job id, job spec, each device
         with the rank on it (a rank attaching to a device the agent already knew changes only
-        the latter, and the control plane maps offload decisions and loads through it)."""
+        the latter, and the control plane maps offload decisions and loads through it), and
+        the ranks (the control plane stores the loads and statistics of announced ranks only)."""
         job = self.job.SerializeToString(deterministic=True) if self.job else b""
         return self.job_id, job, tuple((d.device_id, self.device_ranks.get(d.device_id, -1))
-                                       for d in self.devices)
+                                       for d in self.devices), tuple(sorted(self.ranks()))
 
     def ranks(self) -> set[int]:
         return self.configured_ranks | set(self.links)

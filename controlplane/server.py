@@ -31,9 +31,11 @@ from moeplane.controlplane.controller.offload import OffloadController
 from moeplane.controlplane.controller.runner import Controller
 from moeplane.controlplane.ingest.batcher import Batcher
 from moeplane.controlplane.ingest.service import IngestService, JobCatalog, add_ingest_to_server
+from moeplane.controlplane.ingest.steps import StepBound
 from moeplane.controlplane.ingest.validate import JobShape
 from moeplane.controlplane.retention import Retention, RetentionPolicy
 from moeplane.controlplane.settings import Settings
+from moeplane.controlplane.store import queries
 from moeplane.controlplane.store.engine import make_engine
 from moeplane.controlplane.store.migrate import upgrade
 from moeplane.controlplane.store.writes import StoreWriter
@@ -105,7 +107,7 @@ async def serve(
 
     ingest = IngestService(
         writer, batcher, JobCatalog(load_shape), bus, sample_interval_s=settings.sample_interval_s,
-        tokens=tokens,
+        tokens=tokens, steps=StepBound(lambda job_id: queries.newest_step(engine, job_id), settings.max_steps_ahead),
     )
     grpc_server = grpc.aio.server(
         options=[

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///moeplane.sqlite"
@@ -29,6 +30,8 @@ class Settings(BaseSettings):
     minute_retention_s, hour_retention_s: the 1-min and 1-h tiers (0 = forever).
     rollup_lag_s: a bucket is rolled up once it ended this long ago (late data window).
     retention_interval_s: how often the retention/downsampling job runs (0 = never).
+    max_steps_ahead: loads and step statistics of a step more than this many steps past the
+        job's newest stored step are refused (docs/security.md).
     """
 
     model_config = SettingsConfigDict(env_prefix="MOEPLANE_", extra="ignore")
@@ -51,4 +54,5 @@ class Settings(BaseSettings):
     hour_retention_s: float = 0.0
     rollup_lag_s: float = 120.0
     retention_interval_s: float = 60.0
+    max_steps_ahead: int = Field(default=1_000_000, ge=1)
     rebalance_mode: Literal['auto', 'manual', ''] = ''  # sets the cluster default policy at start

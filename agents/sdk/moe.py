@@ -4,9 +4,13 @@ Placement
     Every rank of the expert-parallel group holds ``S`` physical expert slots; the layer's row
     ``phy2log[G*S]`` names the logical expert in each slot (rank ``g`` owns slots
     ``g*S .. (g+1)*S-1``). A logical expert may sit in several slots (replicas); replicas hold
-    identical weights, and the tokens routed to an expert are split evenly across its replicas,
-    deterministically (the j-th token-assignment to the expert, in token order, goes to replica
-    ``j mod replicas``).
+    identical weights. By default (``routing=True``) each step's tokens of a replicated expert
+    are divided among its replicas from that step's global counts so that the most loaded rank
+    is as light as possible (:mod:`moeplane.agents.sdk.routing`: every rank all-gathers the
+    layer's ``[G, E]`` counts and derives the same division, local-first). With
+    ``routing=False`` they are split evenly, deterministically (the j-th token-assignment to
+    the expert, in token order, goes to replica ``j mod replicas``). Either way the math is
+    the same: replicas hold identical weights.
 
 Classes
     :class:`ExpertSlots` holds a layer's placement, the dispatch and the replica gradient
@@ -46,6 +50,7 @@ Adopting it in an existing model
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import torch
@@ -55,6 +60,7 @@ from torch import nn
 
 from moeplane.agents.sdk.comm import all_to_all, exchange
 from moeplane.agents.sdk.placement import PlacementError, replica_table
+from moeplane.agents.sdk.routing import DeviceRouting
 
 
 class ExpertSlots(nn.Module):
@@ -72,6 +78,9 @@ class ExpertSlots(nn.Module):
         slots_per_rank: S.
         layer: index of this MoE layer (row of the job's ``phy2log[L, G*S]``).
         group: expert-parallel process group (default: the world).
+        routing: divide each step's tokens among replicas by load (default) or evenly.
+        ranks_per_node: ranks per node for local-first routing (default: the
+            ``LOCAL_WORLD_SIZE`` environment variable if it divides the group, else the group).
 
     ``step_counts [E]`` int64 accumulates the tokens routed to each logical expert (all
     forwards since the last reset; see :func:`attach_counter`). ``last_received`` is the number
@@ -79,7 +88,7 @@ class ExpertSlots(nn.Module):
     """
 
     def __init__(self, num_experts: int, phy2log_row, *, slots_per_rank: int, layer: int = 0,
-                 group=None):
+                 group=None, routing: bool = True, ranks_per_node: int | None = None):
         super().__init__()
         self.group = group
         self.world_size = dist.get_world_size(group)
@@ -88,6 +97,9 @@ class ExpertSlots(nn.Module):
         self.slots_per_rank, self.layer = slots_per_rank, layer
         self.register_buffer("step_counts", torch.zeros(num_experts, dtype=torch.int64), False)
         self.last_received = 0
+        self.routing = bool(routing)
+        self.ranks_per_node = _ranks_per_node(ranks_per_node, self.world_size)
+        self._routing: DeviceRouting | None = None
         self.set_placement(phy2log_row)
 
     def expert_parameters(self) -> list[nn.Parameter]:
@@ -132,6 +144,7 @@ class ExpertSlots(nn.Module):
         self._row = row
         self._replica_slots = torch.as_tensor(slots, device=device)
         self._replica_count = torch.as_tensor(count, device=device)
+        self._routing = None  # rebuilt for the new row on the next forward
 
     def local_experts(self) -> np.ndarray:
         """``[S]`` logical expert of each local slot."""
@@ -160,7 +173,10 @@ class ExpertSlots(nn.Module):
         counts = torch.bincount(expert, minlength=self.num_experts)
         with torch.no_grad():
             self.step_counts += counts
-        slot = self._assign_slots(expert, counts)  # [A] global slot
+        if self.routing:
+            slot = self._routed_slots(expert, counts)  # [A] global slot
+        else:
+            slot = self._assign_slots(expert, counts)
         send_order = torch.argsort(slot, stable=True)
         slot_counts = torch.bincount(slot, minlength=g * s)
         recv_slot_counts = torch.empty_like(slot_counts)
@@ -181,6 +197,20 @@ class ExpertSlots(nn.Module):
         y_back = all_to_all(y_recv, send_splits, recv_splits, self.group)
         y = y_back[_inverse(send_order)].view(tokens, k, x.shape[-1])
         return (y * gate.unsqueeze(-1).to(y.dtype)).sum(dim=1)
+
+    def _routed_slots(self, expert: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Global slot of each assignment, by per-step replica routing (local-first)."""
+        if self._routing is None or self._routing.order.device != counts.device:
+            self._routing = DeviceRouting(
+                self._row, gpus=self.world_size, num_experts=self.num_experts,
+                ranks_per_node=self.ranks_per_node, device=counts.device,
+            )
+        gathered = counts.new_empty(self.world_size * self.num_experts)
+        dist.all_gather_into_tensor(gathered, counts, group=self.group)
+        gathered = gathered.view(self.world_size, self.num_experts)
+        quotas = self._routing.quotas(gathered.sum(dim=0))
+        split = self._routing.sender_split(gathered, quotas, self.rank)
+        return self._routing.assign(expert, counts, split)
 
     def _assign_slots(self, expert: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Global slot of each assignment: round-robin over the expert's replicas."""
@@ -255,6 +285,7 @@ class ExpertParallelMoE(ExpertSlots):
         slots_per_rank: S.
         layer: index of this MoE layer (row of the job's ``phy2log[L, G*S]``).
         group: expert-parallel process group (default: the world).
+        routing, ranks_per_node: per-step replica routing, as :class:`ExpertSlots`.
 
     Parameters ``w1, w3 [S, d_model, d_ff]`` and ``w2 [S, d_ff, d_model]`` hold this rank's slots.
     Placement, dispatch and gradient reduction: :class:`ExpertSlots`.
@@ -271,11 +302,14 @@ class ExpertParallelMoE(ExpertSlots):
         slots_per_rank: int,
         layer: int = 0,
         group=None,
+        routing: bool = True,
+        ranks_per_node: int | None = None,
     ):
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k: {top_k} not in [1, {num_experts}]")
         super().__init__(
-            num_experts, phy2log_row, slots_per_rank=slots_per_rank, layer=layer, group=group
+            num_experts, phy2log_row, slots_per_rank=slots_per_rank, layer=layer, group=group,
+            routing=routing, ranks_per_node=ranks_per_node,
         )
         self.d_model, self.d_ff = d_model, d_ff
         self.top_k = top_k
@@ -317,6 +351,15 @@ class ExpertParallelMoE(ExpertSlots):
 
     def _ffn(self, x: torch.Tensor, slot: int) -> torch.Tensor:
         return (F.silu(x @ self.w1[slot]) * (x @ self.w3[slot])) @ self.w2[slot]
+
+
+def _ranks_per_node(value: int | None, world: int) -> int:
+    if value is None:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+        return local if local >= 1 and world % local == 0 else world
+    if value < 1 or world % value:
+        raise ValueError(f"ranks_per_node: {value} does not divide the {world} ranks")
+    return value
 
 
 def _inverse(perm: torch.Tensor) -> torch.Tensor:

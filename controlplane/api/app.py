@@ -6,6 +6,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.engine import Engine
 
+from moeplane.controlplane.api.claims import router as claims_router
 from moeplane.controlplane.api.history import router as history_router
 from moeplane.controlplane.api.metrics import router as metrics_router
 from moeplane.controlplane.api.offload import router as offload_router
@@ -39,6 +40,7 @@ def create_api(engine: Engine, **state) -> FastAPI:
     app.include_router(router)
     app.include_router(plans_router)
     app.include_router(tokens_router)
+    app.include_router(claims_router)
     app.include_router(history_router)
     app.include_router(metrics_router)
     app.include_router(default_policy_router)

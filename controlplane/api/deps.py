@@ -16,12 +16,17 @@ def get_engine(request: Request) -> Engine:
 
 EngineDep = Annotated[Engine, Depends(get_engine)]
 
+# Bounds of every number a query may carry: what the store's columns hold (BIGINT steps,
+# float seconds), so that no parameter reaches the database as an overflow (a 500).
+MAX_STEP = 2**62
+MAX_TIME = 1e11  # unix seconds, year 5138
+
 
 def get_range(
-    start: Annotated[float | None, Query(description="from this unix time (s), inclusive", ge=0)] = None,
-    end: Annotated[float | None, Query(description="to this unix time (s), exclusive", ge=0)] = None,
-    step_start: Annotated[int | None, Query(description="from this step, inclusive", ge=0)] = None,
-    step_end: Annotated[int | None, Query(description="to this step, exclusive", ge=0)] = None,
+    start: Annotated[float | None, Query(description="from this unix time (s), inclusive", ge=0, le=MAX_TIME)] = None,
+    end: Annotated[float | None, Query(description="to this unix time (s), exclusive", ge=0, le=MAX_TIME)] = None,
+    step_start: Annotated[int | None, Query(description="from this step, inclusive", ge=0, le=MAX_STEP)] = None,
+    step_end: Annotated[int | None, Query(description="to this step, exclusive", ge=0, le=MAX_STEP)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, description="most rows returned")] = 1000,
 ) -> Range:
     return Range(start=start, end=end, step_start=step_start, step_end=step_end, limit=limit)

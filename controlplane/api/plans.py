@@ -63,7 +63,7 @@ class PlanDetail(PlanSummary):
 
 
 class RollbackRequest(BaseModel):
-    epoch: int = Field(ge=0, le=2**62, description="epoch to return to; 0 = the initial placement")
+    epoch: StrictInt = Field(ge=0, le=2**62, description="epoch to return to; 0 = the initial placement")
 
 
 class PlacementRequest(BaseModel):
@@ -75,8 +75,8 @@ class PlacementRequest(BaseModel):
 
 class DryRunRequest(BaseModel):
     loads: list[list[float]] | None = Field(default=None, description="[L, E]; default: recent loads")
-    steps: int = Field(default=20, ge=1, le=10_000, description="recent steps averaged when no loads given")
-    max_moves: int | None = Field(default=None, ge=0)
+    steps: StrictInt = Field(default=20, ge=1, le=10_000, description="recent steps averaged when no loads given")
+    max_moves: StrictInt | None = Field(default=None, ge=0, le=2**31 - 1)
     incremental: bool = True
     search: Literal["repair", "relieve"] = Field(
         default="repair",

@@ -75,7 +75,7 @@ def loads(
     job_id: JobId,
     engine: EngineDep,
     rng: RangeDep,
-    layer: Annotated[int | None, Query(ge=0, description="only this MoE layer")] = None,
+    layer: Annotated[int | None, Query(ge=0, le=1 << 16, description="only this MoE layer")] = None,
 ) -> list[dict]:
     return [r | {"counts": r["counts"].tolist()} for r in q.loads_history(engine, job_id, rng, layer)]
 
@@ -85,7 +85,7 @@ def steps(
     job_id: JobId,
     engine: EngineDep,
     rng: RangeDep,
-    rank: Annotated[int | None, Query(ge=0)] = None,
+    rank: Annotated[int | None, Query(ge=0, le=1 << 20)] = None,
 ) -> list[dict]:
     return q.step_stats_history(engine, job_id, rng, rank)
 

@@ -1,4 +1,7 @@
-"""Tokens router (admin only): list, create and revoke API and node tokens."""
+"""Tokens router (admin only): list, create and revoke API and node tokens.
+
+Revoking a token also ends its open gRPC streams on every replica (published on the bus).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from pydantic import BaseModel, Field
 
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND
 from moeplane.controlplane.auth.http import role_extra
+from moeplane.controlplane.auth.streams import ENDED_CHANNEL, ended_payload
 from moeplane.controlplane.auth.tokens import Role, TokenStore
 
 router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
@@ -57,4 +61,10 @@ async def create_token(body: TokenRequest, request: Request) -> dict:
 async def revoke_token(token_id: Annotated[int, Path(ge=1, le=2**31 - 1)], request: Request) -> dict:
     store = _store(request)
     await asyncio.to_thread(store.revoke, token_id)
+    bus = getattr(request.app.state, "bus", None)
+    if bus is not None:  # its open gRPC streams end, on every replica
+        await bus.publish(ENDED_CHANNEL, ended_payload(token_id=token_id))
+    ingest = getattr(request.app.state, "ingest", None)
+    if ingest is not None:  # this replica's streams end before the answer; others' through the bus
+        ingest.end_streams(ended_payload(token_id=token_id))
     return await asyncio.to_thread(store.get, token_id)

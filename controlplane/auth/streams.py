@@ -2,7 +2,7 @@
 
 A node token may write only its own node; an admin token may write any node (tools, tests).
 Missing, unknown or revoked → UNAUTHENTICATED; a viewer/operator token or another node's
-token → PERMISSION_DENIED.
+token → PERMISSION_DENIED. Revoking a token ends its open streams (``ENDED_CHANNEL``).
 """
 
 from __future__ import annotations
@@ -10,6 +10,16 @@ from __future__ import annotations
 import grpc
 
 from moeplane.controlplane.auth.tokens import Principal, Role, TokenStore, bearer
+
+# Bus channel on which a revoked token (b"token:<id>") or a node whose claims an operator
+# released (b"node:<node_id>") is announced: every replica ends that token's or node's open
+# Ingest.Connect streams (UNAUTHENTICATED).
+ENDED_CHANNEL = "auth.ended"
+
+
+def ended_payload(*, token_id: int | None = None, node_id: str | None = None) -> bytes:
+    """What to publish on ENDED_CHANNEL to end the streams of a token or of a node."""
+    return f"token:{token_id}".encode() if token_id is not None else f"node:{node_id}".encode()
 
 
 class IngestDenied(Exception):

@@ -20,16 +20,24 @@ from collections.abc import Callable
 
 import grpc
 
-from moeplane.controlplane.domain.lifecycle import Status
-from moeplane.controlplane.auth.streams import IngestDenied, authenticate_stream, check_node
+from moeplane.controlplane.auth.streams import (
+    ENDED_CHANNEL,
+    IngestDenied,
+    authenticate_stream,
+    check_node,
+    ended_payload,
+)
 from moeplane.controlplane.auth.tokens import Principal, TokenStore
+from moeplane.controlplane.domain.lifecycle import Status
 from moeplane.controlplane.ingest import memory as m
 from moeplane.controlplane.ingest import planpush, planreports
 from moeplane.controlplane.ingest import validate as v
 from moeplane.controlplane.ingest.batcher import Batcher
 from moeplane.controlplane.ingest.following import SharedChannels
 from moeplane.controlplane.ingest.rl import RLIngest
+from moeplane.controlplane.ingest.steps import MAX_INT64, StepBound
 from moeplane.controlplane.store import memory_profiles, offload
+from moeplane.controlplane.store.claims import Claimed, SpecConflict
 from moeplane.controlplane.store.queries import NotFound
 from moeplane.controlplane.store.records import MarkerRecord
 from moeplane.controlplane.store.writes import StoreWriter
@@ -82,8 +90,10 @@ class IngestService(rpc.IngestServicer):
         max_in_flight: int = 1024,
         clock: Callable[[], float] = time.time,
         tokens: TokenStore | None = None,
+        steps: StepBound | None = None,
     ):
-        """``tokens``: check each stream's node token (None: open, loopback demo only)."""
+        """``tokens``: check each stream's node token (None: open, loopback demo only).
+        ``steps``: the far-ahead bound on loads and step statistics (None: no bound)."""
         self.writer = writer
         self.batcher = batcher
         self.catalog = catalog
@@ -92,7 +102,9 @@ class IngestService(rpc.IngestServicer):
         self.max_in_flight = max_in_flight
         self.clock = clock
         self.tokens = tokens
+        self.steps = steps
         self.connected: dict[str, int] = {}  # node_id -> open streams
+        self.streams: set[_Stream] = set()  # open streams of this replica
         self.channels = SharedChannels(bus)  # one bus subscription per job channel, not per stream
         self.plans = planpush.PlanCache(self.channels)  # shared plan bytes
         self.plan_reports = planreports.PlanReports(writer.engine, clock)  # one transaction per batch
@@ -110,13 +122,17 @@ class IngestService(rpc.IngestServicer):
         out: asyncio.Queue = asyncio.Queue()
         stream = _Stream(self, context, out)
         stream.principal = principal
+        self.streams.add(stream)
         reader = asyncio.create_task(stream.read(request_iterator))
         reader.add_done_callback(lambda _t: out.put_nowait(None))
         try:
+            await stream.follow_ended()
             while True:
                 item = await out.get()
                 if item is None:
                     break
+                if isinstance(item, _Abort):  # its token was revoked or its claims released
+                    await context.abort(item.code, item.details)
                 yield item
             if reader.done() and not reader.cancelled() and reader.exception() is not None:
                 exc = reader.exception()
@@ -127,7 +143,20 @@ class IngestService(rpc.IngestServicer):
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
+            self.streams.discard(stream)
             await stream.close()
+
+
+    def end_streams(self, payload: bytes) -> int:
+        """End this replica's streams of a revoked token or a released node now (``payload``:
+        ``ended_payload(...)``), before the bus brings the same payload. Returns how many."""
+        ended = 0
+        for stream in list(self.streams):
+            abort = stream.ended_by(payload)
+            if abort is not None:
+                stream.out.put_nowait(abort)
+                ended += 1
+        return ended
 
 
 def ok_ack(seq: int, duplicate: bool) -> bytes:
@@ -148,12 +177,28 @@ def add_ingest_to_server(service: IngestService, server) -> None:
     that responses already serialized (shared plan bytes) pass through untouched."""
     handler = grpc.stream_stream_rpc_method_handler(
         service.Connect,
-        request_deserializer=pb.AgentMessage.FromString,
+        request_deserializer=_parse_agent_message,
         response_serializer=_serialize_control,
     )
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler("moeplane.v1.Ingest", {"Connect": handler}),)
     )
+
+
+class _Garbage:
+    """A request that did not parse as an AgentMessage (``error``: why)."""
+
+    def __init__(self, error: str):
+        self.error = error
+
+
+def _parse_agent_message(data: bytes) -> pb.AgentMessage | _Garbage:
+    """The request deserializer: bytes that are no AgentMessage become a _Garbage the stream
+    refuses with INVALID_ARGUMENT (raised here, gRPC would end the call with UNKNOWN)."""
+    try:
+        return pb.AgentMessage.FromString(data)
+    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError, or others on odd input
+        return _Garbage(f"{type(exc).__name__}: {exc}"[:200])
 
 
 class _Abort(Exception):
@@ -177,9 +222,12 @@ class _Stream:
         self.node_id: str | None = None
         self.job_id: str = ""
         self.devices: set[str] = set()  # only grows: a layout checked once stays valid
+        self.ranks: frozenset[int] = frozenset()  # the ranks of its job the last hello announced
+        self.ended: _Abort | None = None  # set when its token was revoked or claims released
         self.checked_layouts = v.CheckedLayouts()
         self.in_flight = asyncio.Semaphore(svc.max_in_flight)
         self.follows: list[str] = []  # bus channels of the job this stream follows (besides plans)
+        self.kept: list[str] = []  # bus channels it follows until it closes
         self.principal: Principal | None = None  # None: open mode
         self.plans = planpush.StreamPlans(svc.plans, out)
 
@@ -198,8 +246,27 @@ class _Stream:
         else:
             self.out.put_nowait(ok_ack(record.seq, result))
 
+    async def follow_ended(self) -> None:
+        """End this stream when its token is revoked or its node's claims are released (on any
+        replica: the REST handler publishes on ENDED_CHANNEL)."""
+        await self._follow(ENDED_CHANNEL, self.ended_by, keep=True)
+
+    def ended_by(self, payload: bytes) -> _Abort | None:
+        """The stream's end (also kept in ``ended``) when ``payload`` names its token or node."""
+        principal = self.principal
+        if principal is not None and payload == ended_payload(token_id=principal.token_id):
+            self.ended = _Abort(grpc.StatusCode.UNAUTHENTICATED, "the stream's token was revoked")
+        elif self.node_id is not None and payload == ended_payload(node_id=self.node_id):
+            self.ended = _Abort(grpc.StatusCode.ABORTED,
+                                f"an operator released node {self.node_id!r}'s devices and ranks; say hello again")
+        return self.ended
+
     async def read(self, request_iterator) -> None:
         async for msg in request_iterator:
+            if self.ended is not None:  # nothing more is stored once its token is revoked
+                raise self.ended
+            if isinstance(msg, _Garbage):
+                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"not an AgentMessage: {msg.error}")
             kind = msg.WhichOneof("body")
             if self.node_id is None and kind != "hello":
                 raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, "the first message must be hello")
@@ -228,11 +295,21 @@ class _Stream:
             raise _Abort(exc.code, exc.details) from exc
         if self.node_id is not None and hello.node_id != self.node_id:
             raise WireError("hello.node_id", f"a stream serves one node ({self.node_id!r})")
-        max_seq = await asyncio.to_thread(self.svc.writer.register_hello, hello)
+        try:
+            max_seq = await asyncio.to_thread(self.svc.writer.register_hello, hello)
+        except SpecConflict as exc:  # the first hello's refusal ends the stream, a later one's is acked
+            if self.node_id is None:
+                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+            raise WireError(exc.field, exc.message) from exc
+        except Claimed as exc:
+            if self.node_id is None:
+                raise _Abort(grpc.StatusCode.PERMISSION_DENIED, str(exc)) from exc
+            raise _Denied(str(exc)) from exc
         if self.node_id is None:
             self.svc.connected[hello.node_id] = self.svc.connected.get(hello.node_id, 0) + 1
         self.node_id = hello.node_id
         self.devices = {d.device_id for d in hello.devices} | self.devices
+        self.ranks = frozenset(hello.ranks) if hello.job_id else frozenset()
         if hello.job_id:
             job = hello.job
             self.svc.catalog.learned(hello.job_id, job and job.layers, job and job.experts)
@@ -263,21 +340,23 @@ class _Stream:
             return
         await self._follow(f"offload.{self.job_id}", self._offload_control)
 
-    async def _follow(self, channel: str, control: Callable[[bytes], object | None]) -> None:
-        """Forward each payload published on ``channel`` as ``control(payload)`` (None: skip)."""
+    async def _follow(self, channel: str, control: Callable[[bytes], object | None], keep: bool = False) -> None:
+        """Forward each payload published on ``channel`` as ``control(payload)`` (None: skip).
+        ``keep``: follow until the stream closes, not only until its job changes."""
 
         def deliver(payload: bytes) -> None:
             message = control(payload)
             if message is not None:
                 self.out.put_nowait(message)
 
-        self.follows.append(channel)
+        (self.kept if keep else self.follows).append(channel)
         await self.svc.channels.follow(channel, self, deliver)
 
-    async def _unfollow(self) -> None:
-        for channel in self.follows:
-            await self.svc.channels.unfollow(channel, self)
-        self.follows.clear()
+    async def _unfollow(self, kept: bool = False) -> None:
+        for channels in (self.follows, self.kept) if kept else (self.follows,):
+            for channel in channels:
+                await self.svc.channels.unfollow(channel, self)
+            channels.clear()
 
     def _offload_control(self, payload: bytes) -> pb.ControlMessage | None:
         decision = pb.OffloadDecision.FromString(payload)
@@ -285,14 +364,17 @@ class _Stream:
 
     async def on_sequenced(self, kind: str, msg: pb.AgentMessage) -> None:
         seq = msg.seq
-        if seq <= 0:
-            raise WireError("seq", "must be a positive per-node sequence number")
+        if seq <= 0 or seq > MAX_INT64:
+            raise WireError("seq", f"must be a per-node sequence number in 1..{MAX_INT64}, got {seq}")
         if kind == "samples":
             rec = v.samples_record(msg.samples, node_id=self.node_id, seq=seq, known_devices=self.devices,
                                    checked_layouts=self.checked_layouts)
         elif kind == "loads":
             job = await self.svc.catalog.get(msg.loads.job_id) if msg.loads.job_id else None
             rec = v.loads_record(msg.loads, node_id=self.node_id, seq=seq, job=job)
+            self.check_ranks("loads.ranks", rec.ranks)
+            self.check_ranks("loads.missing_ranks", rec.missing_ranks)
+            await self.check_step(rec.job_id, rec.step, "loads.step")
             if job.layers is None:  # the first loads of a job fix its [L, E]
                 await asyncio.to_thread(
                     self.svc.writer.set_job_shape, rec.job_id, *rec.counts.shape
@@ -301,6 +383,8 @@ class _Stream:
         elif kind == "step_stats":
             job = await self.svc.catalog.get(msg.step_stats.job_id) if msg.step_stats.job_id else None
             rec = v.step_stats_record(msg.step_stats, node_id=self.node_id, seq=seq, job_known=job is not None)
+            self.check_ranks("step_stats.ranks", [r.rank for r in rec.ranks])
+            await self.check_step(rec.job_id, rec.step, "step_stats.step")
         elif kind == "plan_report":
             await self.on_plan_report(msg)
             rec = MarkerRecord(self.node_id, seq)
@@ -322,8 +406,26 @@ class _Stream:
             self.in_flight.release()
             raise
 
+    def check_ranks(self, field: str, ranks) -> None:
+        """_Denied unless this node's hello announced every rank of ``ranks`` (in its job)."""
+        if not self.ranks.issuperset(ranks):
+            foreign = sorted(set(ranks) - self.ranks)
+            raise _Denied(f"{field}: rank(s) {foreign} are not announced by node {self.node_id!r} "
+                          f"(its hello announced {sorted(self.ranks)} of job {self.job_id!r})")
+
+    def check_job(self, field: str, job_id: str) -> None:
+        """_Denied unless ``job_id`` is the job this node's hello joined."""
+        if job_id != self.job_id:
+            raise _Denied(f"{field}: node {self.node_id!r} is not part of job {job_id!r}")
+
+    async def check_step(self, job_id: str, step: int, field: str) -> None:
+        self.check_job(field.split(".")[0] + ".job_id", job_id)
+        if self.svc.steps is not None:
+            await self.svc.steps.check(job_id, step, field)
+
     async def on_plan_report(self, msg: pb.AgentMessage) -> None:
         r = msg.plan_report
+        self.check_job("plan_report.job_id", r.job_id)
         states = {pb.PLAN_STATE_RECEIVED: "received", pb.PLAN_STATE_APPLIED: "applied", pb.PLAN_STATE_FAILED: "failed"}
         if r.state not in states:
             raise WireError("plan_report.state", f"unknown state {r.state}")
@@ -347,6 +449,7 @@ class _Stream:
         node, profiles = m.profile_records(
             msg.memory, node_id=self.node_id, job_id=self.job_id, known_devices=self.devices
         )
+        self.check_ranks("memory.devices.rank", [p.rank for p in profiles])
         await asyncio.to_thread(memory_profiles.save_profiles, self.svc.writer.engine, node, profiles)
 
     async def on_offload_report(self, msg: pb.AgentMessage) -> None:
@@ -374,7 +477,7 @@ class _Stream:
                 self.out.put_nowait(pb.ControlMessage(offload=m.decision_message(decision)))
 
     async def close(self) -> None:
-        await self._unfollow()
+        await self._unfollow(kept=True)
         await self.plans.follow("")
         if self.node_id is not None:
             n = self.svc.connected.get(self.node_id, 1) - 1

@@ -83,6 +83,15 @@ def _latest_step(conn, job_id: str) -> int | None:
     ).scalar()
 
 
+def newest_step(engine: Engine, job_id: str) -> int | None:
+    """The newest step of ``job_id`` with stored loads or step statistics (None: neither yet)."""
+    with engine.connect() as conn:
+        steps = (_latest_step(conn, job_id), conn.execute(
+            sa.select(sa.func.max(t.step_stats.c.step)).where(t.step_stats.c.job_id == job_id)
+        ).scalar())
+    return max((s for s in steps if s is not None), default=None)
+
+
 def get_job(engine: Engine, job_id: str) -> dict:
     with engine.connect() as conn:
         row = job_row(conn, job_id)

@@ -18,7 +18,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from moeplane.controlplane.store import bulk
+from moeplane.controlplane.store import bulk, claims
 from moeplane.controlplane.store import tables as t
 from moeplane.controlplane.store.records import (
     HelloRecord,
@@ -90,10 +90,18 @@ class StoreWriter:
 
     # ------------------------------------------------------------------ registration
     def register_hello(self, hello: HelloRecord) -> int:
-        """Upsert the node, its devices and its job. Returns the highest seq stored for the node."""
+        """Upsert the node, its devices and its job. Returns the highest seq stored for the node.
+
+        Raises ``claims.SpecConflict`` when the hello's job spec differs from the job's, and
+        ``claims.Claimed`` when it declares a device or announces a rank of another node; then
+        nothing is written."""
         with self.engine.begin() as conn:
             if hello.job_id:
-                self._upsert_job(conn, hello.job_id, hello.job, hello.ts)
+                job = hello.job
+                spec = {} if job is None else {k: getattr(job, k) for k in claims.SPEC_FIELDS if getattr(job, k)}
+                claims.fix_job_spec(conn, hello.job_id, spec, hello.ts)
+                claims.check_ranks(conn, hello.job_id, hello.node_id, hello.ranks)
+            claims.check_devices(conn, hello.node_id, [d.device_id for d in hello.devices])
             upsert(conn, t.nodes, {"node_id": hello.node_id}, {
                 "hostname": hello.hostname,
                 "agent_version": hello.agent_version,
@@ -106,31 +114,11 @@ class StoreWriter:
                 {"device_id": dev.device_id, "node_id": hello.node_id, "idx": dev.index, "kind": dev.kind,
                  "model": dev.model, "memory_total_bytes": dev.memory_total_bytes, "rank": dev.rank}
                 for dev in hello.devices
-            ], device_cols, only_changes=True)
+            ], device_cols, only_changes=True, newer=_same_node)
             max_seq = conn.execute(
                 sa.select(sa.func.max(t.received.c.seq)).where(t.received.c.node_id == hello.node_id)
             ).scalar()
         return int(max_seq or 0)
-
-    def _upsert_job(self, conn: Connection, job_id: str, job, ts: float) -> None:
-        spec = {}
-        if job is not None:
-            spec = {
-                k: getattr(job, k)
-                for k in ("layers", "experts", "top_k", "world_size", "slots_per_rank", "ranks_per_node")
-                if getattr(job, k)
-            }
-        if spec:
-            upsert_many(conn, t.jobs, ("job_id",), [{"job_id": job_id, **spec, "created_at": ts}], list(spec),
-                        only_changes=True)
-            return
-        bulk.run_compiled(
-            conn, "job-if-new",
-            lambda c: bulk.dialect_insert(c, t.jobs)
-            .values(job_id=sa.bindparam("job_id"), created_at=sa.bindparam("created_at"))
-            .on_conflict_do_nothing(index_elements=[t.jobs.c.job_id]),
-            {"job_id": job_id, "created_at": ts},
-        )
 
     def set_job_shape(self, job_id: str, layers: int, experts: int) -> None:
         """Fix a job's [L, E] from its first loads when no hello declared it."""
@@ -294,6 +282,12 @@ class StoreWriter:
             ("job_id", "step", "rank", "node_id", "ts", "step_time_s", "host_bound_ratio", "tokens"),
             rows, ignore_conflicts_on=("job_id", "step", "rank"),
         )
+
+
+def _same_node(excluded):
+    """A device row is updated only by the node it belongs to (a race past ``check_devices``
+    leaves it alone)."""
+    return t.devices.c.node_id == excluded.node_id
 
 
 def _new_step_loads(conn: Connection):

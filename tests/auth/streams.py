@@ -11,8 +11,9 @@ from tests.controlplane.agentclient import hello
 
 
 async def first_reply(port: int, node_id: str, token: str | None = None, root_cert: bytes | None = None,
-                      timeout: float = 10.0):
-    """Send a hello for ``node_id``; return ("ok", first ControlMessage) or ("error", StatusCode)."""
+                      timeout: float = 10.0, first_rank: int = 0):
+    """Send a hello for ``node_id`` (running ranks first_rank, first_rank + 1 of job-1); return
+    ("ok", first ControlMessage) or ("error", StatusCode)."""
     target = f"localhost:{port}" if root_cert else f"127.0.0.1:{port}"
     if root_cert:
         channel = grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=root_cert))
@@ -22,7 +23,7 @@ async def first_reply(port: int, node_id: str, token: str | None = None, root_ce
     done = asyncio.Event()
 
     async def requests():
-        yield hello(node_id)
+        yield hello(node_id, first_rank=first_rank)
         await done.wait()
 
     try:

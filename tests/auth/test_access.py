@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from moeplane.controlplane.auth.tokens import Role, TokenStore
-from moeplane.controlplane.controller.runner import identity
+from moeplane.controlplane.balancing.placement import identity_placement
 from moeplane.controlplane.server import serve
 from moeplane.controlplane.settings import Settings
 from moeplane.controlplane.store import plans as P
@@ -55,7 +55,7 @@ def test_no_token_401_weak_role_403(server):
 
 def test_viewer_cannot_approve_operator_can(server):
     engine, tok = server["engine"], server["tokens"]
-    epoch = P.create_plan(engine, "job-1", identity(4, 8, 2, 4)[:, ::-1].copy(), world_size=2, slots_per_rank=4)
+    epoch = P.create_plan(engine, "job-1", identity_placement(4, 8, 2 * (4))[:, ::-1].copy(), world_size=2, slots_per_rank=4)
     with httpx.Client(base_url=server["base"], timeout=10) as c:
         url = f"/api/v1/jobs/job-1/plans/{epoch}/approve"
         assert c.post(url).status_code == 401
@@ -89,14 +89,14 @@ def test_revoked_token_stops_at_once(server):
 def test_node_tokens_on_ingest(server):
     store, port = server["store"], server["grpc_port"]
     a = store.create(Role.NODE, node_id="node-a")
-    kind, msg = aio.run(first_reply(port, "node-a", a.secret))
+    kind, msg = aio.run(first_reply(port, "node-a", a.secret, first_rank=2))
     assert kind == "ok" and msg.WhichOneof("body") == "config"
     assert aio.run(first_reply(port, "node-b", a.secret)) == ("error", grpc.StatusCode.PERMISSION_DENIED)
     assert aio.run(first_reply(port, "node-a", None)) == ("error", grpc.StatusCode.UNAUTHENTICATED)
     assert aio.run(first_reply(port, "node-a", server["tokens"]["viewer"])) == (
         "error", grpc.StatusCode.PERMISSION_DENIED)
     store.revoke(a.principal.token_id)
-    assert aio.run(first_reply(port, "node-a", a.secret)) == ("error", grpc.StatusCode.UNAUTHENTICATED)
+    assert aio.run(first_reply(port, "node-a", a.secret, first_rank=2)) == ("error", grpc.StatusCode.UNAUTHENTICATED)
 
 
 @pytest.mark.parametrize("where", [{"http_host": "0.0.0.0"}, {"grpc_listen": "0.0.0.0:0"}])

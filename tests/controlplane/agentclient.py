@@ -68,7 +68,9 @@ class ScriptedAgent:
         return self.acks()
 
 
-def hello(node_id: str = "node-0", job_id: str = "job-1", devices: int = 2, layers=4, experts=8) -> pb.AgentMessage:
+def hello(node_id: str = "node-0", job_id: str = "job-1", devices: int = 2, layers=4, experts=8,
+          first_rank: int = 0) -> pb.AgentMessage:
+    """A hello of ``node_id`` with ``devices`` devices running ranks first_rank, first_rank + 1, ..."""
     return pb.AgentMessage(
         seq=0,
         hello=pb.Hello(
@@ -77,11 +79,11 @@ def hello(node_id: str = "node-0", job_id: str = "job-1", devices: int = 2, laye
             agent_version="test",
             devices=[
                 pb.DeviceInfo(device_id=f"{node_id}/gpu{i}", index=i, kind="sim", model="SimGPU",
-                              memory_total_bytes=80 << 30, rank=i)
+                              memory_total_bytes=80 << 30, rank=first_rank + i)
                 for i in range(devices)
             ],
             job_id=job_id,
-            ranks=list(range(devices)),
+            ranks=list(range(first_rank, first_rank + devices)),
             job=pb.JobSpec(job_id=job_id, layers=layers, experts=experts, top_k=2) if layers else None,
         ),
     )
@@ -102,8 +104,9 @@ def samples(seq: int, node_id: str = "node-0", devices: int = 2, ts: float = 100
     )
 
 
-def loads(seq: int, step: int, counts: np.ndarray, job_id: str = "job-1", ts: float = 1000.0) -> pb.AgentMessage:
+def loads(seq: int, step: int, counts: np.ndarray, job_id: str = "job-1", ts: float = 1000.0,
+          ranks=(0, 1)) -> pb.AgentMessage:
     return pb.AgentMessage(
         seq=seq,
-        loads=pb.ExpertLoads(job_id=job_id, step=step, ranks=[0, 1], counts=encode_array(counts), timestamp=ts),
+        loads=pb.ExpertLoads(job_id=job_id, step=step, ranks=list(ranks), counts=encode_array(counts), timestamp=ts),
     )

@@ -31,8 +31,8 @@ def test_hello_samples_loads_are_stored_and_acked(database_url):
                 assert acks[2].code == 0 and not acks[2].duplicate
             # a second node contributes to the same step: the global matrix is the sum
             async with ScriptedAgent(srv["grpc_port"], "node-1") as agent:
-                agent.send(hello("node-1"))
-                agent.send(loads(1, step=7, counts=counts[1]))
+                agent.send(hello("node-1", first_rank=2))
+                agent.send(loads(1, step=7, counts=counts[1], ranks=(2, 3)))
                 assert (await agent.wait_acks([1]))[1].code == 0
 
         aio.run(script())

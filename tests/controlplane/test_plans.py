@@ -66,7 +66,7 @@ def send_steps(a0, a1, steps, seq0):
         c = skewed(step)
         half = c // 2
         a0.send(loads(seq0 + i, step, half, ts=1000.0 + step))
-        a1.send(loads(seq0 + i, step, c - half, ts=1000.0 + step))
+        a1.send(loads(seq0 + i, step, c - half, ts=1000.0 + step, ranks=(2, 3)))
         seqs.append(seq0 + i)
     aio.run(a0.wait_acks(seqs))
     aio.run(a1.wait_acks(seqs))

@@ -44,7 +44,7 @@ def test_two_replicas_share_agents_and_fail_over(tmp_path, pg_url, redis_url):
         for step in range(5):
             c = skewed(step)
             a0.send(loads(step + 1, step, c // 2, ts=100.0 + step))
-            a1.send(loads(step + 1, step, c - c // 2, ts=100.0 + step))
+            a1.send(loads(step + 1, step, c - c // 2, ts=100.0 + step, ranks=(2, 3)))
         aio.run(a0.wait_for(lambda _r: plans_of(a0), timeout=30))
         aio.run(a1.wait_for(lambda _r: plans_of(a1), timeout=30))
         assert plans_of(a0)[0].SerializeToString() == plans_of(a1)[0].SerializeToString()
@@ -83,7 +83,7 @@ def test_two_replicas_share_agents_and_fail_over(tmp_path, pg_url, redis_url):
         for step in range(9, 14):
             c = skewed(step)
             b0.send(loads(100 + step, step, c // 2, ts=200.0 + step))
-            b1.send(loads(100 + step, step, c - c // 2, ts=200.0 + step))
+            b1.send(loads(100 + step, step, c - c // 2, ts=200.0 + step, ranks=(2, 3)))
         wait_until(lambda: len(http2.get("/jobs/job-1/plans").json()) >= 3, 30, "a plan from the new leader")
         epochs = [p["epoch"] for p in http2.get("/jobs/job-1/plans").json()]
         assert sorted(epochs) == list(range(1, len(epochs) + 1))

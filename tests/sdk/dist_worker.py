@@ -3,9 +3,10 @@
 Run as ``python -m tests.sdk.dist_worker OUT_DIR`` with RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT set. Trains a tiny MoE model twice from the same seed:
 
-- run "static": the initial placement throughout;
-- run "moved": bad plans submitted (rejected), then a good plan that moves experts between
-  ranks and changes replica counts (rank 0 receives it a step before the others), then two
+- run "static": the initial placement throughout, replica routing off (tokens of a replicated
+  expert split evenly); the per-rank tokens of step 6 measured;
+- run "moved" (replica routing on, the default): bad plans submitted (rejected), then a good
+  plan that moves experts between ranks and changes replica counts (rank 0 receives it a step before the others), then two
   conflicting plans under one epoch (fail everywhere), then a rebalancing plan computed from the
   measured loads, checked against the measured per-rank tokens on the same batch.
 
@@ -24,7 +25,7 @@ from torch import nn
 
 from moeplane.agents.sdk.applier import PlanApplier
 from moeplane.agents.sdk.moe import ExpertParallelMoE, attach_counter, moe_blocks, sync_gradients
-from moeplane.agents.sdk.placement import rebalance
+from moeplane.controlplane.balancing import plan_placement
 from moeplane.controlplane.balancing.placement import identity_placement
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 from moeplane.controlplane.wire.arrays import encode_array
@@ -35,12 +36,14 @@ SEED = 1234
 
 
 class TinyLM(nn.Module):
-    def __init__(self, phy2log: np.ndarray):
+    def __init__(self, phy2log: np.ndarray, routing: bool):
         super().__init__()
         self.emb = nn.Embedding(VOCAB, D)
         self.norms = nn.ModuleList(nn.LayerNorm(D) for _ in range(LAYERS))
         self.moe = nn.ModuleList(
-            ExpertParallelMoE(D, FF, EXPERTS, TOP_K, phy2log[i], slots_per_rank=SLOTS, layer=i)
+            ExpertParallelMoE(
+                D, FF, EXPERTS, TOP_K, phy2log[i], slots_per_rank=SLOTS, layer=i, routing=routing
+            )
             for i in range(LAYERS)
         )
         self.head = nn.Linear(D, VOCAB)
@@ -78,7 +81,7 @@ def logical_weights(model: TinyLM) -> dict:
 
 def train(world: int, rank: int, initial: np.ndarray, moved: bool) -> dict:
     torch.manual_seed(SEED)
-    model = TinyLM(initial)
+    model = TinyLM(initial, routing=moved)
     for block in moe_blocks(model):
         block.init_experts(SEED)
     blocks = moe_blocks(model)
@@ -115,6 +118,14 @@ def train(world: int, rank: int, initial: np.ndarray, moved: bool) -> dict:
             applier.submit(plan(3, moved_plan))
         if moved and step == 5:  # same epoch, different content on rank 1
             applier.submit(plan(4, moved_plan if rank != 1 else initial))
+        if not moved and step == 6:
+            counter.zero_()
+            with torch.no_grad():
+                model(tokens)
+            loads = counter.clone()
+            dist.all_reduce(loads)
+            balance.update(loads=loads.numpy(), before=received(blocks, world),
+                           running=applier.phy2log())
         if moved and step == 6:
             # rebalance from this step's measured loads; measure on the same batch after
             counter.zero_()
@@ -123,7 +134,9 @@ def train(world: int, rank: int, initial: np.ndarray, moved: bool) -> dict:
             loads = counter.clone()
             dist.all_reduce(loads)
             before = received(blocks, world)
-            target_p2l = rebalance(loads.numpy(), world, SLOTS)
+            target_p2l = plan_placement(
+                loads.numpy().astype(np.float64), gpus=world, slots_per_gpu=SLOTS
+            ).phy2log
             applier.submit(plan(5, target_p2l))
             balance.update(
                 loads=loads.numpy(), before=before, target=target_p2l, running=applier.phy2log()

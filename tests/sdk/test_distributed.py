@@ -1,5 +1,6 @@
-"""Four real gloo processes: placement is invisible to the math; plans move balancedness as
-predicted; bad plans are rejected and training continues on the running placement."""
+"""Four real gloo processes: placement and per-step replica routing are invisible to the math;
+each rank processes exactly the tokens routing predicts; bad plans are rejected and training
+continues on the running placement."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from moeplane.agents.sdk.placement import balancedness, rank_loads
+from moeplane.controlplane.balancing import gpu_loads, layer_balancedness, route_replicas
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 from tests.conftest import free_port
 
@@ -96,17 +97,29 @@ def test_every_rank_switches_at_the_same_step(ranks):
         np.testing.assert_array_equal(result["moved"]["phy2log"], ranks[0]["moved"]["phy2log"])
 
 
-def test_measured_balancedness_moves_as_predicted(ranks):
+def balancedness(per_rank: np.ndarray) -> float:
+    return float(layer_balancedness(per_rank).mean())
+
+
+def test_measured_tokens_per_rank_are_what_routing_predicts(ranks):
+    # routing on: each rank processes exactly the tokens route_replicas gives its slots,
+    # before and after the rebalancing plan, measured on the same batch
     bal = ranks[0]["moved"]["balance"]
     loads, target = bal["loads"], bal["target"]
-    predicted = balancedness(rank_loads(loads, target, WORLD))
-    measured_after = balancedness(bal["after"])
-    measured_before = balancedness(bal["before"])
-    predicted_before = balancedness(rank_loads(loads, bal["running"], WORLD))
-    assert measured_before == pytest.approx(predicted_before, rel=0.05)
-    assert measured_after == pytest.approx(predicted, rel=0.05)
-    assert measured_after < measured_before
+    for placement, measured in ((bal["running"], bal["before"]), (target, bal["after"])):
+        predicted = route_replicas(loads, placement, gpus=WORLD).reshape(2, WORLD, -1).sum(2)
+        np.testing.assert_array_equal(measured, predicted)
+        assert balancedness(measured) <= balancedness(gpu_loads(loads, placement, WORLD))
+    assert balancedness(bal["after"]) < balancedness(bal["before"])
     np.testing.assert_array_equal(ranks[0]["moved"]["phy2log"], target)
+
+
+def test_routing_off_splits_replicated_experts_evenly(ranks):
+    bal = ranks[0]["static"]["balance"]
+    even = gpu_loads(bal["loads"], bal["running"], WORLD)
+    np.testing.assert_allclose(bal["before"], even, rtol=0.05)  # each sender: j mod replicas
+    routed = route_replicas(bal["loads"], bal["running"], gpus=WORLD).reshape(2, WORLD, -1)
+    assert balancedness(routed.sum(2)) < balancedness(bal["before"])
 
 
 def test_bad_plans_are_rejected_with_clear_errors(ranks):
