@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
+from moeplane.controlplane.procs import Proc
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 from moeplane.controlplane.wire.arrays import decode_array, encode_array
 from tests.agents.fake_ingest import FakeIngest
-from tests.agents.procs import start_agent, stop_all, track, wait_path
+from tests.agents.procs import start_agent, stop_all, wait_path
+from tests.agents.procs import start_simulate as start_sim_process
 from tests.conftest import free_port
 
 L, E, K, TOKENS, G = 2, 8, 2, 64, 2
@@ -24,14 +23,12 @@ def ingest():
     server.stop()
 
 
-def start_simulate(tmp_path, *extra: str) -> subprocess.Popen:
-    log = open(tmp_path / "simulate.log", "ab")  # noqa: SIM115
-    return track(subprocess.Popen(
-        [sys.executable, "-m", "moeplane.controlplane.cli.main", "simulate", "--job-id", "j1",
-         "--nodes", "2", "--gpus-per-node", str(G), "--layers", str(L), "--experts", str(E),
-         "--top-k", str(K), "--tokens-per-step", str(TOKENS), "--step-time", "0.05",
-         "--seed", "3", "--agent-socket-template", str(tmp_path / "{node}.sock"), *extra],
-        stdout=log, stderr=subprocess.STDOUT))
+def start_simulate(tmp_path, *extra: str) -> Proc:
+    return start_sim_process(
+        tmp_path, "--job-id", "j1", "--nodes", "2", "--gpus-per-node", str(G), "--layers", str(L),
+        "--experts", str(E), "--top-k", str(K), "--tokens-per-step", str(TOKENS),
+        "--step-time", "0.05", "--seed", "3",
+        "--agent-socket-template", str(tmp_path / "{node}.sock"), *extra)
 
 
 def plan_reports(store, state):
@@ -96,6 +93,7 @@ def test_a_rank_that_never_reports_is_listed_missing_after_the_deadline(ingest, 
         wait_path(tmp_path / "node-0.sock", agent)
         sim = start_simulate(tmp_path, "--steps", "3", "--nodes", "1")
         ingest.wait_for(lambda s: len(s.loads) >= 1)
+        sim.popen.wait(30)  # its 3 steps done: it exits by itself
     finally:
         codes = stop_all(sim, agent)
     assert codes == [0, 0]
@@ -117,11 +115,11 @@ def test_control_plane_outage_during_a_job_loses_no_step_and_stores_each_once(
         ingest.wait_for(lambda s: len(s.loads) >= 2 * 5)
         ingest.stop()
         before = len(ingest.store.loads)
-        assert sim.wait(30) == 0  # the job ran on while the control plane was down
+        assert sim.popen.wait(30) == 0  # the job ran on while the control plane was down
         ingest.start()
         ingest.wait_for(lambda s: len(s.loads) == 2 * 40 and len(s.step_stats) == 2 * G * 40)
     finally:
-        codes = stop_all(sim if sim is not None and sim.poll() is None else None, *agents)
+        codes = stop_all(sim if sim is not None and sim.running() else None, *agents)
     assert codes[1:] == [0, 0]
     store = ingest.store
     assert before < 2 * 40
