@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/pip
 
-.PHONY: demo test test-fast services test-tools proto lint bench clean torch
+.PHONY: demo test test-fast services test-tools proto lint lint-imports wheel bench clean torch
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,7 +21,8 @@ $(VENV)/.torch: $(STAMP)
 
 torch: $(VENV)/.torch
 
-demo: $(STAMP)
+# the demo's second job trains a real model on CPU: the pinned torch, as for the tests
+demo: $(STAMP) $(VENV)/.torch
 	@# the planner's compiled kernel: about 8 s the first time on a machine, then cached
 	$(BIN)/python -c 'from moeplane.controlplane.balancing.repair import warm_up; warm_up()'
 	$(BIN)/moeplane demo
@@ -38,8 +39,18 @@ test-tools:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# the wheel, built from the tree as it is (the wheel test installs it into a fresh virtualenv)
+wheel: $(STAMP)
+	rm -rf build/wheel && $(PIP) wheel -q --no-deps -w build/wheel .
+
+# import-linter runs on the package as the wheel lays it out (one moeplane/ tree)
+lint-imports: wheel
+	rm -rf build/lint && mkdir -p build/lint && $(BIN)/python -m zipfile -e build/wheel/moeplane-*.whl build/lint
+	cd build/lint && PYTHONPATH=. $(abspath $(BIN))/lint-imports --config $(abspath pyproject.toml)
+
 test: $(STAMP) $(VENV)/.torch services test-tools
 	$(BIN)/ruff check .
+	$(MAKE) --no-print-directory lint-imports
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

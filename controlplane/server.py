@@ -26,6 +26,7 @@ from moeplane.controlplane.auth.serving import (
 )
 from moeplane.controlplane.auth.tokens import TokenStore
 from moeplane.controlplane.bus import make_bus
+from moeplane.controlplane.controller.executor import Executor
 from moeplane.controlplane.controller.leader import Leadership
 from moeplane.controlplane.controller.offload import OffloadController
 from moeplane.controlplane.controller.runner import Controller
@@ -38,6 +39,7 @@ from moeplane.controlplane.settings import Settings
 from moeplane.controlplane.store import queries
 from moeplane.controlplane.store.engine import make_engine
 from moeplane.controlplane.store.migrate import upgrade
+from moeplane.controlplane.store.placements import PlacementSource
 from moeplane.controlplane.store.writes import StoreWriter
 
 log = logging.getLogger("moeplane.serve")
@@ -47,16 +49,17 @@ def _mount_dashboard(api, engine, loop: asyncio.AbstractEventLoop, tokens: Token
     try:
         from a2wsgi import WSGIMiddleware
 
-        from moeplane.dashboard.actions import rest_plan_actions
+        from moeplane.dashboard.actions import executor_plan_actions
         from moeplane.dashboard.app import create_dash
     except ImportError as exc:  # the dashboard package is optional at this layer
         log.warning("dashboard not mounted: %s", exc)
         return False
-    # plan approval from the dashboard runs the REST handlers on this loop (where the bus lives)
-    approve, reject = rest_plan_actions(api, loop)
+    # plan approval from the dashboard runs the executor on this loop (where the bus lives)
+    approve, reject = executor_plan_actions(api.state.executor, loop)
     # with tokens, the gate admits viewers and only operators may approve or reject
     approve, reject = (require_operator(a, flask_role) for a in (approve, reject))
-    dash_app = create_dash(engine, requests_pathname_prefix="/dashboard/", approve=approve, reject=reject)
+    dash_app = create_dash(engine, requests_pathname_prefix="/dashboard/", approve=approve, reject=reject,
+                           placements=api.state.placements)
     api.mount("/dashboard", DashboardGate(WSGIMiddleware(dash_app.server), tokens))
     return True
 
@@ -120,10 +123,12 @@ async def serve(
     await grpc_server.start()
 
     holder = f"{socket.gethostname()}:{os.getpid()}"
-    controller, offload_controller = (
-        cls(engine, bus, Leadership(engine, holder=holder), interval_s=settings.controller_interval_s)
-        for cls in (Controller, OffloadController)
-    )
+    placements = PlacementSource(engine)  # one cache of plan placements for the whole process
+    executor = Executor(engine, bus)
+    controller = Controller(engine, bus, Leadership(engine, holder=holder),
+                            interval_s=settings.controller_interval_s, placements=placements)
+    offload_controller = OffloadController(engine, bus, Leadership(engine, holder=holder),
+                                           interval_s=settings.controller_interval_s)
     retention = Retention(engine, policy)
     background = [  # each ends once ``stop`` is set
         asyncio.create_task(controller.run(stop), name="controller"),
@@ -145,7 +150,7 @@ async def serve(
 
     api = create_api(engine, ingest=ingest, batcher=batcher, bus=bus, bus_name=bus.name, controller=controller,
                      offload_controller=offload_controller, tokens=tokens, retention=retention,
-                     retention_policy=policy)
+                     retention_policy=policy, placements=placements, executor=executor)
     dashboard = settings.dashboard and _mount_dashboard(api, engine, loop, tokens)
     http = uvicorn.Server(
         uvicorn.Config(

@@ -7,7 +7,7 @@ Pages (client-side routing through ``dcc.Location``, no full reloads): ``cluster
 ``experts``, ``plans``, ``memory``, ``history``.
 
 Plan approval publishes on the bus, which lives on the server's event loop: the server passes
-``approve`` / ``reject`` (``moeplane.dashboard.actions.rest_plan_actions``: the REST handlers run on
+``approve`` / ``reject`` (``moeplane.dashboard.actions.executor_plan_actions``: the executor runs on
 that loop). Without ``approve`` the Plans page shows plans but cannot approve; without
 ``reject`` it rejects through the same store transition as REST.
 """
@@ -18,6 +18,7 @@ import dash
 from dash import Input, Output
 from sqlalchemy.engine import Engine
 
+from moeplane.controlplane.store.placements import PlacementSource
 from moeplane.dashboard import (
     cluster_callbacks,
     expert_callbacks,
@@ -40,6 +41,7 @@ def create_dash(
     approve: PlanAction | None = None,
     reject: PlanAction | None = None,
     partial_plotly: bool = True,
+    placements: PlacementSource | None = None,
 ) -> dash.Dash:
     """Build the dashboard on ``engine`` (read through ``moeplane.controlplane.store.queries``).
 
@@ -47,8 +49,10 @@ def create_dash(
     ``interval_ms`` the live refresh period; ``balancedness_window`` the number of recent steps
     in the balancedness view; ``approve`` / ``reject`` the plan actions ``(job_id, epoch) ->
     plan summary`` behind the Plans page's buttons; ``partial_plotly`` serves plotly.js's
-    cartesian bundle instead of Dash's full one (``moeplane.dashboard.plotly_bundle``).
+    cartesian bundle instead of Dash's full one (``moeplane.dashboard.plotly_bundle``);
+    ``placements`` the process's placement source (shared with REST and the controller).
     """
+    placements = placements or PlacementSource(engine)
     if not requests_pathname_prefix.startswith("/") or not requests_pathname_prefix.endswith("/"):
         raise ValueError(
             f"requests_pathname_prefix: must start and end with '/', got {requests_pathname_prefix!r}"
@@ -83,8 +87,8 @@ def create_dash(
         return pages.cluster_page(interval_ms)
 
     cluster_callbacks.register(app, engine)
-    expert_callbacks.register(app, engine, BalancednessCache(balancedness_window))
-    plan_callbacks.register(app, engine, approve, reject or store_reject(engine))
+    expert_callbacks.register(app, engine, BalancednessCache(balancedness_window), placements)
+    plan_callbacks.register(app, engine, approve, reject or store_reject(engine), placements)
     memory_callbacks.register(app, engine)
     history_callbacks.register(app, engine)
     return app

@@ -12,6 +12,7 @@ from dash import Input, Output, Patch, State, ctx, no_update
 from sqlalchemy.engine import Engine
 
 from moeplane.controlplane.store import queries as q
+from moeplane.controlplane.store.placements import PlacementSource
 from moeplane.dashboard.expert_views import (
     balancedness_figure,
     expert_heatmap_figure,
@@ -25,7 +26,6 @@ from moeplane.dashboard.placement import layer_balancedness, rank_loads
 from moeplane.dashboard.ranges import history_range
 from moeplane.dashboard.source import (
     BalancednessCache,
-    PlacementCache,
     current_placement,
     placements_at_steps,
 )
@@ -35,8 +35,8 @@ def _empty(title: str) -> dict:
     return {"data": [], "layout": {"title": {"text": title}, "height": 260}}
 
 
-def register(app, engine: Engine, cache: BalancednessCache) -> None:
-    running = PlacementCache()  # the running plan's blob is read once per plan, not per refresh
+def register(app, engine: Engine, cache: BalancednessCache, running: PlacementSource) -> None:
+    """``running``: the placement source; a plan's blob is read once per plan, not per refresh."""
 
     @app.callback(
         Output("job-select", "options"),

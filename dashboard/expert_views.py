@@ -6,38 +6,11 @@ Shapes: ``counts`` [L, E] tokens per logical expert; ``per_rank`` [L, G] tokens 
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import numpy as np
 
 from moeplane.dashboard.placement import layer_balancedness, rank_loads, replica_counts, slot_loads
 
 MAX_LABELLED_SLOTS = 512  # above this the placement view shows ids on hover only
-
-
-@dataclass(frozen=True)
-class JobGeometry:
-    """EP geometry of a job: L layers, E experts, G ranks, S slots per rank."""
-
-    layers: int
-    experts: int
-    ranks: int
-    slots_per_rank: int
-
-
-def job_geometry(job: dict, counts_shape: tuple[int, int], ranks_seen: int) -> JobGeometry:
-    """Geometry from the job row (``get_job``), the load matrix shape and the ranks reported.
-
-    G is the job's declared ``world_size``, else the number of ranks its nodes serve, else 1.
-    S is the declared ``slots_per_rank`` when it can hold every expert, else ``ceil(E / G)``.
-    """
-    layers, experts = counts_shape
-    ranks = int(job.get("world_size") or ranks_seen or 1)
-    slots = job.get("slots_per_rank")
-    if not slots or slots * ranks < experts:
-        slots = math.ceil(experts / ranks)
-    return JobGeometry(layers, experts, ranks, int(slots))
 
 
 def expert_heatmap_figure(counts: np.ndarray, title: str) -> dict:

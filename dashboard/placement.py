@@ -95,8 +95,3 @@ def layer_balancedness(per_rank: np.ndarray) -> np.ndarray:
     if per_rank.ndim != 2 or per_rank.shape[1] < 1:
         raise ValueError(f"per_rank: expected [L, G] with G >= 1, got shape {per_rank.shape}")
     return bp.layer_balancedness(per_rank)
-
-
-def balancedness(per_rank: np.ndarray) -> float:
-    """Mean over layers of max / mean rank load (1.0 is perfect) from ``per_rank`` [L, G]."""
-    return float(layer_balancedness(per_rank).mean())

@@ -15,8 +15,8 @@ from sqlalchemy.engine import Engine
 from moeplane.controlplane.domain.lifecycle import OPEN, Conflict, Status
 from moeplane.controlplane.store import plans as P
 from moeplane.controlplane.store import queries as q
+from moeplane.controlplane.store.placements import Geometry, PlacementSource, identity
 from moeplane.dashboard.actions import PlanAction
-from moeplane.dashboard.placement import identity_phy2log
 from moeplane.dashboard.plan_diff import changed_slots, placement_diff
 from moeplane.dashboard.plan_views import (
     STATUS_COLOURS,
@@ -58,16 +58,19 @@ def plans_table(rows: list[dict], can_approve: bool) -> html.Table:
                       style={"borderCollapse": "collapse", "fontSize": "13px", "width": "100%"})
 
 
-def _running(engine: Engine, job_id: str, plan: dict) -> tuple:
-    """The running placement to compare ``plan`` with: (phy2log [L, G*S], label)."""
-    running = P.latest_plan(engine, job_id, (Status.APPLIED,))
-    if running is not None:
-        return running["phy2log"], f"epoch {running['epoch']}"
+def _running(placements: PlacementSource, engine: Engine, job_id: str, plan: dict) -> tuple:
+    """The running placement to compare ``plan`` with: (phy2log [L, G*S], label); before the
+    first applied plan, the identity placement in ``plan``'s geometry."""
     job = q.get_job(engine, job_id)
-    return identity_phy2log(plan["layers"], job["experts"], plan["world_size"], plan["slots_per_rank"]), "identity"
+    running = placements.running(job)
+    if running is not None and running.epoch:
+        return running.phy2log, running.source
+    start = identity(Geometry(plan["layers"], job["experts"], plan["world_size"], plan["slots_per_rank"]))
+    return start.phy2log, start.source
 
 
-def register(app, engine: Engine, approve: PlanAction | None, reject: PlanAction) -> None:
+def register(app, engine: Engine, approve: PlanAction | None, reject: PlanAction,
+             placements: PlacementSource) -> None:
     @app.callback(
         Output("plans-timeline", "figure"),
         Output("plans-table", "children"),
@@ -147,7 +150,7 @@ def register(app, engine: Engine, approve: PlanAction | None, reject: PlanAction
             return "no plan selected", blank, []
         try:
             plan = P.get_plan(engine, job_id, int(epoch))
-            running, base = _running(engine, job_id, plan)
+            running, base = _running(placements, engine, job_id, plan)
             experts = q.get_job(engine, job_id)["experts"]
             diff = placement_diff(running, plan["phy2log"], experts, plan["world_size"])
         except (q.NotFound, ValueError) as exc:

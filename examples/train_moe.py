@@ -40,7 +40,7 @@ from torch import nn
 from moeplane.agents.sdk.applier import PlanApplier
 from moeplane.agents.sdk.memory.runner import MemoryOffload
 from moeplane.agents.sdk.moe import ExpertParallelMoE, attach_counter, moe_blocks, sync_gradients
-from moeplane.agents.sdk.placement import balancedness, rank_loads, rebalance
+from moeplane.controlplane.balancing import balancedness, plan_placement
 from moeplane.agents.sdk.reporter import Reporter
 from moeplane.controlplane.balancing.placement import identity_placement
 from moeplane.controlplane.wire import moeplane_pb2 as pb
@@ -136,7 +136,7 @@ def local_plan(counts: torch.Tensor, world: int, slots: int, epoch: int, step: i
     Returns the plan, the summed loads ``[L, E]`` and the planned ``phy2log [L, G*S]``."""
     total = counts.clone()
     dist.all_reduce(total)
-    phy2log = rebalance(total.numpy(), world, slots)
+    phy2log = plan_placement(total.numpy().astype(np.float64), gpus=world, slots_per_gpu=slots).phy2log
     return pb.PlacementPlan(job_id="", epoch=epoch, phy2log=encode_array(phy2log),
                             slots_per_rank=slots, not_before_step=step + 1), total.numpy(), phy2log
 
@@ -195,8 +195,8 @@ def main(argv=None) -> None:
                                              applier.epoch + 1, step)
             applier.submit(plan)
             if rank == 0:
-                before = balancedness(rank_loads(loads, applier.phy2log(), world))
-                after = balancedness(rank_loads(loads, target, world))
+                before = balancedness(loads, applier.phy2log(), world)
+                after = balancedness(loads, target, world)
                 log.info("plan epoch %d: predicted balancedness %.3f -> %.3f", plan.epoch,
                          before, after)
             window.zero_()

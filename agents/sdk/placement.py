@@ -1,4 +1,5 @@
-"""Placement arithmetic for expert parallelism: pure numpy, no torch, no I/O.
+"""Placement checks and slot tables the SDK's dispatch and migration need: pure numpy, no
+torch, no I/O. Per-rank loads and balancedness are :mod:`moeplane.controlplane.balancing`'s.
 
 Conventions (EPLB-compatible, see the architecture notes):
 
@@ -12,9 +13,6 @@ Conventions (EPLB-compatible, see the architecture notes):
 from __future__ import annotations
 
 import numpy as np
-
-from moeplane.controlplane.balancing.eplb import eplb_replica_counts
-from moeplane.controlplane.balancing.placement import gpu_loads, layer_balancedness
 
 
 class PlacementError(ValueError):
@@ -80,73 +78,6 @@ def replica_table(phy2log_row: np.ndarray, experts: int) -> tuple[np.ndarray, np
     rank_in_group = np.arange(row.size) - starts[row[order]]
     slots[row[order], rank_in_group] = order
     return slots, count
-
-
-def rank_loads(loads: np.ndarray, phy2log: np.ndarray, world_size: int) -> np.ndarray:
-    """Tokens each rank receives under ``phy2log``, tokens split evenly across replicas.
-
-    Args:
-        loads: ``[L, E]`` tokens per logical expert.
-        phy2log: ``[L, G*S]`` placement.
-        world_size: G.
-
-    Returns:
-        ``[L, G]`` float64 tokens per rank.
-    """
-    return gpu_loads(loads, np.asarray(phy2log, dtype=np.int64), world_size)
-
-
-def balancedness(per_rank: np.ndarray) -> float:
-    """Mean over layers of max rank load / mean rank load, from ``per_rank[L, G]``.
-
-    A layer with no tokens counts as perfectly balanced (1.0).
-    """
-    return float(layer_balancedness(np.asarray(per_rank, dtype=np.float64)).mean())
-
-
-def rebalance(loads: np.ndarray, world_size: int, slots_per_rank: int) -> np.ndarray:
-    """A greedy placement: replicate the hottest experts, then pack replicas onto ranks.
-
-    Per layer: every expert gets one slot; each spare slot goes to the expert with the highest
-    load per replica; replicas are then placed heaviest first on the least loaded rank that has
-    a free slot and does not yet hold that expert (when possible).
-
-    Args:
-        loads: ``[L, E]`` tokens per logical expert.
-        world_size: G.
-        slots_per_rank: S, with ``G*S >= E``.
-
-    Returns:
-        ``phy2log[L, G*S]`` int64.
-    """
-    loads = np.asarray(loads, dtype=np.float64)
-    if loads.ndim != 2:
-        raise PlacementError("loads", f"expected [L, E], got shape {loads.shape}")
-    layers, experts = loads.shape
-    total = world_size * slots_per_rank
-    if total < experts:
-        raise PlacementError("slots_per_rank", f"{world_size}x{slots_per_rank} slots < {experts}")
-    counts = eplb_replica_counts(loads, total)
-    out = np.empty((layers, total), dtype=np.int64)
-    for layer in range(layers):
-        load, count = loads[layer], counts[layer]
-        replicas = np.repeat(np.arange(experts), count)
-        weight = load[replicas] / count[replicas]
-        rank_load = np.zeros(world_size)
-        filled = np.zeros(world_size, dtype=np.int64)
-        holds = np.zeros((world_size, experts), dtype=bool)
-        for idx in np.argsort(-weight, kind="stable"):
-            expert = int(replicas[idx])
-            free = filled < slots_per_rank
-            candidates = free & ~holds[:, expert]
-            if not candidates.any():
-                candidates = free
-            rank = int(np.argmin(np.where(candidates, rank_load, np.inf)))
-            out[layer, rank * slots_per_rank + filled[rank]] = expert
-            filled[rank] += 1
-            rank_load[rank] += weight[idx]
-            holds[rank, expert] = True
-    return out
 
 
 def migration_sources(old_row: np.ndarray, new_row: np.ndarray, slots_per_rank: int) -> np.ndarray:

@@ -25,10 +25,10 @@ from moeplane.agents.sim.workload import (
     ExpertLoadModel,
     WorkloadSpec,
     balancedness,
-    gpu_loads,
     identity_phy2log,
     step_time_s,
 )
+from moeplane.controlplane.balancing.routing import route_replicas, routed_gpu_loads
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 from moeplane.controlplane.wire.arrays import WireError, decode_array, encode_array
 
@@ -147,7 +147,9 @@ class SimulatedJob:
         o = self.o
         self._maybe_switch()
         counts = self.model.step()                      # [W, L, E]
-        per_gpu = gpu_loads(counts.sum(axis=0), self.phy2log, o.world_size)  # [L, W]
+        # [L, W] tokens per rank, each expert's tokens routed among its replicas as the SDK does
+        per_gpu = routed_gpu_loads(
+            route_replicas(counts.sum(axis=0), self.phy2log, gpus=o.world_size), o.world_size)
         balance = balancedness(per_gpu)
         t = step_time_s(o.step_time_s, balance) * float(self.rng.uniform(0.98, 1.02))
         # ranks with less expert work wait longer for the slowest one; that is not host time

@@ -7,6 +7,8 @@ from typing import Annotated
 from fastapi import Depends, Query, Request
 from sqlalchemy.engine import Engine
 
+from moeplane.controlplane.controller.executor import Executor
+from moeplane.controlplane.store.placements import PlacementSource
 from moeplane.controlplane.store.queries import MAX_LIMIT, Range
 
 
@@ -20,6 +22,28 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 # float seconds), so that no parameter reaches the database as an overflow (a 500).
 MAX_STEP = 2**62
 MAX_TIME = 1e11  # unix seconds, year 5138
+
+
+def get_placements(request: Request) -> PlacementSource:
+    """The process's placement source (shared with the controller and the dashboard)."""
+    state = request.app.state
+    if getattr(state, "placements", None) is None:
+        state.placements = PlacementSource(state.engine)
+    return state.placements
+
+
+PlacementsDep = Annotated[PlacementSource, Depends(get_placements)]
+
+
+def get_executor(request: Request) -> Executor:
+    """The executor of decisions (approve → push → publish on the app's bus)."""
+    state = request.app.state
+    if getattr(state, "executor", None) is None:
+        state.executor = Executor(state.engine, state.bus)
+    return state.executor
+
+
+ExecutorDep = Annotated[Executor, Depends(get_executor)]
 
 
 def get_range(

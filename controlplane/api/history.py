@@ -18,7 +18,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from moeplane.controlplane.api.deps import EngineDep
+from moeplane.controlplane.api.deps import EngineDep, get_placements
 from moeplane.controlplane.api.plans import PlanSummary
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
 from moeplane.controlplane.retention import RetentionPolicy
@@ -213,7 +213,7 @@ async def loads(
     else:
         page = await asyncio.to_thread(
             LH.load_history, engine, job_id, win, view=view, agg=agg, layer=layer, expert=expert,
-            steps=(step_start, step_end))
+            steps=(step_start, step_end), placements=get_placements(request))
     if format == "csv":
         return _csv(_long_rows(page, view, layer, expert), ["start", "steps", "index_0", "index_1", "value"], page)
     return page

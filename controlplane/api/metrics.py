@@ -22,6 +22,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from moeplane.controlplane.store import queries as q
 from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store.placements import PlacementSource
 
 router = APIRouter(tags=["metrics"])
 
@@ -52,7 +53,7 @@ class ClusterCollector:
         yield _gauge("moeplane_retention_failing", "1 when the last retention pass failed",
                      1.0 if retention and retention.last_error else 0.0)
         yield from self._devices(st.engine)
-        yield from self._jobs(st.engine)
+        yield from self._jobs(st.engine, self._placements())
         yield _gauge("moeplane_scrape_collect_seconds", "time spent collecting this scrape",
                      time.perf_counter() - started)
 
@@ -76,9 +77,14 @@ class ClusterCollector:
                 total.add_metric(lab, cap)
         yield from (util, used, total)
 
-    def _jobs(self, engine):
+    def _placements(self) -> PlacementSource:
+        """The process's placement source: a scrape reuses the blobs it holds."""
+        if getattr(self.state, "placements", None) is None:
+            self.state.placements = PlacementSource(self.state.engine)
+        return self.state.placements
+
+    def _jobs(self, engine, placements: PlacementSource):
         from moeplane.controlplane.balancing import balancedness
-        from moeplane.controlplane.store.load_history import placements
 
         step = GaugeMetricFamily("moeplane_job_latest_step", "newest step with expert loads", labels=["job_id"])
         hb_mean = GaugeMetricFamily("moeplane_job_host_bound_ratio", "mean host-bound ratio over ranks, newest step",
@@ -103,10 +109,10 @@ class ClusterCollector:
             if latest is None:
                 continue
             step.add_metric([jid], latest["step"])
-            applied, ident, world = placements(engine, job)
-            phy2log = applied[-1][1] if applied else ident
-            if phy2log is not None and world and phy2log.shape[0] == latest["counts"].shape[0]:
-                value = balancedness(latest["counts"].astype(np.float64), phy2log, world)
+            running = placements.running(job)
+            if running is not None and running.phy2log.shape[0] == latest["counts"].shape[0]:
+                value = balancedness(latest["counts"].astype(np.float64), running.phy2log,
+                                     running.geometry.ranks)
                 if np.isfinite(value):
                     bal.add_metric([jid], value)
         yield from (step, hb_mean, hb_max, bal)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Path, Query, Request
+from fastapi import APIRouter, Body, Path, Query
 from pydantic import BaseModel, Field
 
-from moeplane.controlplane.api.deps import EngineDep
+from moeplane.controlplane.api.deps import EngineDep, ExecutorDep
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
 from moeplane.controlplane.api.schemas import ErrorBody
-from moeplane.controlplane.controller import offload as controller
 from moeplane.controlplane.domain.lifecycle import Status
 from moeplane.controlplane.store import memory_profiles as M
 from moeplane.controlplane.store import offload as O
@@ -156,22 +155,14 @@ async def get_decision(job_id: JobId, decision_id: DecisionId, engine: EngineDep
 
 @router.post("/offload/decisions/{decision_id}/approve", response_model=DecisionSummary,
              responses=NOT_FOUND | CONFLICT)
-async def approve(job_id: JobId, decision_id: DecisionId, request: Request, engine: EngineDep) -> dict:
-    await asyncio.to_thread(
-        O.transition, engine, job_id, decision_id, Status.APPROVED, detail="approved by operator",
-    )
-    payload = await asyncio.to_thread(controller.push, engine, job_id, decision_id)
-    await request.app.state.bus.publish(f"offload.{job_id}", payload)
-    return _summary(await asyncio.to_thread(O.get_decision, engine, job_id, decision_id))
+async def approve(job_id: JobId, decision_id: DecisionId, executor: ExecutorDep) -> dict:
+    return _summary(await executor.approve_decision(job_id, decision_id))
 
 
 @router.post("/offload/decisions/{decision_id}/reject", response_model=DecisionSummary,
              responses=NOT_FOUND | CONFLICT)
-async def reject(job_id: JobId, decision_id: DecisionId, engine: EngineDep) -> dict:
-    d = await asyncio.to_thread(
-        O.transition, engine, job_id, decision_id, Status.REJECTED, detail="rejected by operator",
-    )
-    return _summary(d)
+async def reject(job_id: JobId, decision_id: DecisionId, executor: ExecutorDep) -> dict:
+    return _summary(await executor.reject_decision(job_id, decision_id))
 
 
 @router.get("/offload/policy", response_model=OffloadPolicyView, responses=NOT_FOUND)

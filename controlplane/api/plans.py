@@ -8,19 +8,18 @@ import math
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from fastapi import APIRouter, Body, Path, Query, Request
+from fastapi import APIRouter, Body, Path, Query
 from pydantic import BaseModel, Field, StrictInt
-from sqlalchemy.engine import Engine
 
-from moeplane.controlplane.api.deps import EngineDep
+from moeplane.controlplane.api.deps import EngineDep, ExecutorDep, PlacementsDep
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
 from moeplane.controlplane.api.schemas import ErrorBody
 from moeplane.controlplane.balancing import count_moves, plan_placement
 from moeplane.controlplane.balancing.validate import check_placement
-from moeplane.controlplane.controller import runner
 from moeplane.controlplane.domain.lifecycle import IN_FLIGHT, Conflict, Status
 from moeplane.controlplane.store import plans as P
 from moeplane.controlplane.store import queries as q
+from moeplane.controlplane.store.placements import PlacementSource, identity
 
 router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["plans"])
 CONFLICT = {409: {"model": ErrorBody, "description": "the plan's state does not allow this"}}
@@ -99,10 +98,6 @@ def _summary(plan: dict) -> dict:
     return {k: v for k, v in plan.items() if k in PlanSummary.model_fields}
 
 
-async def _publish(request: Request, job_id: str, payload: bytes) -> None:
-    await request.app.state.bus.publish(f"plans.{job_id}", payload)
-
-
 @router.get("/plans", response_model=list[PlanSummary], responses=NOT_FOUND)
 async def list_plans(
     job_id: JobId,
@@ -122,52 +117,45 @@ async def get_plan(job_id: JobId, epoch: Epoch, engine: EngineDep) -> dict:
 
 
 @router.post("/plans/{epoch}/approve", response_model=PlanSummary, responses=NOT_FOUND | CONFLICT)
-async def approve(job_id: JobId, epoch: Epoch, request: Request, engine: EngineDep) -> dict:
-    await asyncio.to_thread(
-        P.transition, engine, job_id, epoch, Status.APPROVED, detail="approved by operator",
-    )
-    payload = await asyncio.to_thread(runner.push, engine, job_id, epoch)
-    await _publish(request, job_id, payload)
-    return _summary(await asyncio.to_thread(P.get_plan, engine, job_id, epoch, with_placement=False))
+async def approve(job_id: JobId, epoch: Epoch, executor: ExecutorDep) -> dict:
+    return _summary(await executor.approve_plan(job_id, epoch))
 
 
 @router.post("/plans/{epoch}/reject", response_model=PlanSummary, responses=NOT_FOUND | CONFLICT)
-async def reject(job_id: JobId, epoch: Epoch, engine: EngineDep) -> dict:
-    plan = await asyncio.to_thread(
-        P.transition, engine, job_id, epoch, Status.REJECTED, detail="rejected by operator",
-    )
-    return _summary(plan)
+async def reject(job_id: JobId, epoch: Epoch, executor: ExecutorDep) -> dict:
+    return _summary(await executor.reject_plan(job_id, epoch))
 
 
-async def _push_at_once(request: Request, engine: Engine, job_id: str, target_of) -> dict:
+async def _push_at_once(executor, placements: PlacementSource, job_id: str, target_of) -> dict:
     """Create a plan approved by the operator and push it at once (rollback, given placement).
 
-    ``target_of(job, world, slots)`` returns ``(phy2log [L, G*S], create_plan arguments)`` or
-    raises (422/409/404); 409 while another plan is being applied.
+    ``target_of(job, running)`` returns ``(phy2log [L, G*S], create_plan arguments)`` or raises
+    (422/409/404); ``running`` is the job's running Placement. 409 while another plan is being
+    applied.
     """
-    def make() -> tuple[int, bytes]:
+    engine = executor.engine
+
+    def make() -> int:
         job = q.get_job(engine, job_id)
-        geo = runner.geometry(engine, job)
-        if geo is None:
+        running = placements.running(job)
+        if running is None:
             raise Conflict(f"job {job_id!r} has no known geometry yet")
-        world, slots, _nodes = geo
-        target, kwargs = target_of(job, world, slots)
+        target, kwargs = target_of(job, running)
         if P.latest_plan(engine, job_id, IN_FLIGHT, with_placement=False) is not None:
             raise Conflict("a plan is being applied; wait for it to finish")
-        epoch = P.create_plan(engine, job_id, target, world_size=world, slots_per_rank=slots,
-                              status=Status.APPROVED, **kwargs)
-        return epoch, runner.push(engine, job_id, epoch)
+        geo = running.geometry
+        return P.create_plan(engine, job_id, target, world_size=geo.ranks,
+                             slots_per_rank=geo.slots_per_rank, status=Status.APPROVED, **kwargs)
 
-    epoch, payload = await asyncio.to_thread(make)
-    await _publish(request, job_id, payload)
-    return _summary(await asyncio.to_thread(P.get_plan, engine, job_id, epoch, with_placement=False))
+    return _summary(await executor.push_plan(job_id, await asyncio.to_thread(make)))
 
 
 @router.post("/rollback", response_model=PlanSummary, responses=NOT_FOUND | CONFLICT | BAD)
-async def rollback(job_id: JobId, body: RollbackRequest, request: Request, engine: EngineDep) -> dict:
-    def target_of(job: dict, world: int, slots: int):
+async def rollback(job_id: JobId, body: RollbackRequest, executor: ExecutorDep,
+                   placements: PlacementsDep, engine: EngineDep) -> dict:
+    def target_of(job: dict, running):
         if body.epoch == 0:
-            target = runner.identity(job["layers"], job["experts"], world, slots)
+            target = identity(running.geometry).phy2log
         else:
             plan = P.get_plan(engine, job_id, body.epoch)
             if plan["status"] not in (Status.APPLIED, Status.ROLLED_BACK):
@@ -176,17 +164,19 @@ async def rollback(job_id: JobId, body: RollbackRequest, request: Request, engin
         return target, {"kind": "rollback", "base_epoch": body.epoch,
                         "reason": f"rollback to epoch {body.epoch} by operator"}
 
-    return await _push_at_once(request, engine, job_id, target_of)
+    return await _push_at_once(executor, placements, job_id, target_of)
 
 
 @router.post("/plans", response_model=PlanSummary, responses=NOT_FOUND | CONFLICT | BAD)
-async def push_placement(job_id: JobId, body: PlacementRequest, request: Request, engine: EngineDep) -> dict:
+async def push_placement(job_id: JobId, body: PlacementRequest, executor: ExecutorDep,
+                         placements: PlacementsDep) -> dict:
     """Push an operator's placement (e.g. from ``moeplane plan``) as a new plan, at once.
 
     ``phy2log`` must be ``[L, G*S]`` of expert ids in ``[0, E)`` with every expert in every
     layer (422 naming the problem otherwise); 409 while another plan is being applied.
     """
-    def target_of(job: dict, world: int, slots: int):
+    def target_of(job: dict, running):
+        geo = running.geometry
         if job.get("layers") is None:
             raise Conflict(f"job {job_id!r} has no known geometry yet")
         widths = {len(row) for row in body.phy2log}
@@ -196,24 +186,24 @@ async def push_placement(job_id: JobId, body: PlacementRequest, request: Request
             given = np.asarray(body.phy2log, dtype=np.int64)
         except OverflowError:
             raise ValueError("phy2log: holds an expert id outside the int64 range") from None
-        target = check_placement("phy2log", given, job["layers"], world * slots, job["experts"])
-        running = P.latest_plan(engine, job_id, (Status.APPLIED,))
-        current = running["phy2log"] if running else runner.identity(job["layers"], job["experts"], world, slots)
-        return target, {"kind": "operator", "base_epoch": running["epoch"] if running else 0,
-                        "moves": int(count_moves(current, target, world, job["experts"]).sum()),
+        target = check_placement("phy2log", given, job["layers"], geo.slots, job["experts"])
+        return target, {"kind": "operator", "base_epoch": running.epoch,
+                        "moves": int(count_moves(running.phy2log, target, geo.ranks, job["experts"]).sum()),
                         "reason": body.reason or "placement given by operator"}
 
-    return await _push_at_once(request, engine, job_id, target_of)
+    return await _push_at_once(executor, placements, job_id, target_of)
 
 
 @router.post("/plans/dry-run", response_model=DryRunResult, responses=NOT_FOUND | BAD)
-async def dry_run(job_id: JobId, engine: EngineDep, body: Annotated[DryRunRequest, Body()]) -> dict:
+async def dry_run(job_id: JobId, engine: EngineDep, placements: PlacementsDep,
+                  body: Annotated[DryRunRequest, Body()]) -> dict:
     def run() -> dict:
         job = q.get_job(engine, job_id)
-        geo = runner.geometry(engine, job)
-        if geo is None:
+        running = placements.running(job)
+        if running is None:
             raise ValueError(f"job {job_id!r} has no known geometry (layers, experts, ranks) yet")
-        world, slots, nodes = geo
+        geo = running.geometry
+        world, slots, nodes = geo.ranks, geo.slots_per_rank, geo.nodes
         if body.loads is not None:
             loads = np.asarray(body.loads, dtype=np.float64)
             if loads.shape != (job["layers"], job["experts"]):
@@ -224,8 +214,7 @@ async def dry_run(job_id: JobId, engine: EngineDep, body: Annotated[DryRunReques
                 raise ValueError("loads: the job has no loads yet; pass them in the body")
             hist = q.loads_history(engine, job_id, q.Range(step_start=max(0, latest - body.steps + 1)))
             loads = np.mean([h["counts"] for h in hist], axis=0)
-        running = P.latest_plan(engine, job_id, (Status.APPLIED,))
-        current = running["phy2log"] if running else runner.identity(job["layers"], job["experts"], world, slots)
+        current = running.phy2log
         plan = plan_placement(
             loads, gpus=world, slots_per_gpu=slots, nodes=nodes,
             current=current if body.incremental else None,

@@ -24,6 +24,7 @@ from moeplane.controlplane.balancing.prediction import (
     forecast,
     holt_forecast,
     one_step_ahead_error,
+    routed_balancedness,
     window_forecast,
 )
 from moeplane.controlplane.balancing.routing import route_replicas, route_with, routing_table
@@ -47,6 +48,7 @@ __all__ = [
     "one_step_ahead_error",
     "plan_placement",
     "replica_counts",
+    "routed_balancedness",
     "route_replicas",
     "route_with",
     "routing_table",

@@ -6,6 +6,11 @@ forecast is the ``[L, E]`` load the next step is expected to bring; feed it to
 ``plan_placement``. ``one_step_ahead_error`` replays a history to compare forecasters;
 ``choose_forecaster`` picks, from a fixed list, the one with the least such error on the
 history itself, and ``forecast`` evaluates one by name.
+
+``routed_balancedness`` predicts what a job measures under a placement: the balancedness of
+each of the window's steps with that step's tokens routed among the replicas
+(``routing.route_replicas``), averaged over the steps, per layer. It is not the balancedness
+of the window's mean, which hides every step's noise and so promises too much.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from collections import deque
 
 import numpy as np
 
+from moeplane.controlplane.balancing.placement import layer_balancedness
+from moeplane.controlplane.balancing.routing import route_with, routing_table
 from moeplane.controlplane.balancing.validate import check_count
 
 __all__ = [
@@ -23,6 +30,7 @@ __all__ = [
     "forecast",
     "holt_forecast",
     "one_step_ahead_error",
+    "routed_balancedness",
     "window_forecast",
 ]
 
@@ -183,3 +191,23 @@ def one_step_ahead_error(
     if not keep.any():
         return 0.0
     return float((err[keep] / total[keep]).mean())
+
+
+def routed_balancedness(window: np.ndarray, phy2log: np.ndarray, *, gpus: int) -> np.ndarray:
+    """Per step and layer, max GPU load / mean GPU load with the step's tokens routed among
+    the replicas: ``window [T, L, E]`` tokens (rounded to integers), ``phy2log [L, G*S]`` ->
+    float64 ``[T, L]``. Its mean is the balancedness a job measures, on average, over such
+    steps; its mean over steps, per layer, what a plan predicts for each layer."""
+    h = _check_history(window)
+    steps, layers, experts = h.shape
+    tokens = np.rint(h).astype(np.int64).reshape(steps * layers, experts)
+    p2l = np.asarray(phy2log)
+    if p2l.ndim != 2 or p2l.shape[0] != layers:
+        raise ValueError(
+            f"phy2log must have shape [layers, gpus*slots] with {layers} layers, got {p2l.shape}"
+        )
+    # the steps become layers of one call: one table, one vectorised routing
+    table = routing_table(np.tile(p2l, (steps, 1)), gpus=gpus, num_experts=experts)
+    slot_tokens = route_with(table, tokens)
+    per_gpu = slot_tokens.reshape(steps * layers, gpus, -1).sum(axis=2).astype(np.float64)
+    return layer_balancedness(per_gpu).reshape(steps, layers)

@@ -140,3 +140,11 @@ def decide(
         phy2log=new,
         **common,
     )
+
+
+def ema(window: np.ndarray, alpha: float = 0.3) -> np.ndarray:
+    """Exponential moving average over steps: ``window [W, L, E]`` oldest first -> ``[L, E]``."""
+    out = window[0].astype(np.float64)
+    for w in window[1:]:
+        out = alpha * w + (1 - alpha) * out
+    return out

@@ -30,6 +30,7 @@ import time
 
 from sqlalchemy.engine import Engine
 
+from moeplane.controlplane.controller.executor import push_decision
 from moeplane.controlplane.controller.leader import Leadership
 from moeplane.controlplane.controller.loop import ReconcileLoop
 from moeplane.controlplane.domain.lifecycle import IN_FLIGHT, Conflict, Status
@@ -41,7 +42,7 @@ from moeplane.controlplane.memory import (
     Verdict,
     decide_offload,
 )
-from moeplane.controlplane.memory.codec import decision_message, device_memory
+from moeplane.controlplane.memory.codec import device_memory
 from moeplane.controlplane.store import memory_profiles as M
 from moeplane.controlplane.store import offload as O
 from moeplane.controlplane.store import queries as q
@@ -66,12 +67,6 @@ def action_dicts(decision: OffloadDecision) -> list[dict]:
 
 def _pairs(actions: list[dict]) -> set[str]:
     return {f"{a['kind']}:{layer}" for a in actions for layer in a["layers"]}
-
-
-def push(engine: Engine, job_id: str, decision_id: int, clock=time.time) -> bytes:
-    """approved → pushed; returns the OffloadDecision to publish on ``offload.<job>``."""
-    decision = O.transition(engine, job_id, decision_id, Status.PUSHED, clock=clock)
-    return decision_message(decision).SerializeToString()
 
 
 class OffloadController(ReconcileLoop):
@@ -165,7 +160,7 @@ class OffloadController(ReconcileLoop):
         if not changes or policy.mode != Mode.AUTO:
             return None
         O.transition(self.engine, job_id, decision_id, Status.APPROVED, detail="auto policy", clock=self.clock)
-        return push(self.engine, job_id, decision_id, clock=self.clock)
+        return push_decision(self.engine, job_id, decision_id, clock=self.clock)
 
     def _expire(self, job_id: str) -> None:
         """Fail pushed decisions not reported applied within the policy's timeout."""

@@ -22,12 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy.engine import Engine
 
-from moeplane.controlplane.controller.runner import plan_message
 from moeplane.controlplane.ingest.following import SharedChannels
 from moeplane.controlplane.store import plans
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 from moeplane.controlplane.wire.framing import length_delimited
-from moeplane.controlplane.wire.plan_codec import decode_full, delta_plan
+from moeplane.controlplane.wire.plan_codec import decode_full, delta_plan, plan_message
 
 log = logging.getLogger(__name__)
 

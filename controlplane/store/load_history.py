@@ -1,10 +1,8 @@
 """Expert-load history per bucket: the whole [L, E] matrix, one layer, one expert, or the load
 of each EP rank under the placement that was running at each step.
 
-Aggregation over a bucket's steps: ``mean``, ``max`` or ``p95`` of tokens per step. Placement
-at step s: the plan with the largest ``applied_step`` <= s among plans that were applied
-(status applied or rolled_back), else the identity placement (slot i holds expert i % E).
-Rank loads are computed per step from raw loads (kept ``loads_retention_s``); a logical
+Aggregation over a bucket's steps: ``mean``, ``max`` or ``p95`` of tokens per step. The
+placement at step s comes from :mod:`moeplane.controlplane.store.placements`. Rank loads are computed per step from raw loads (kept ``loads_retention_s``); a logical
 expert's tokens split evenly across its replicas.
 """
 
@@ -20,29 +18,11 @@ from moeplane.controlplane.balancing.placement import gpu_loads
 from moeplane.controlplane.store import tables as t
 from moeplane.controlplane.store import tiers
 from moeplane.controlplane.store.history import Window, _header, _mark, _split
+from moeplane.controlplane.store.placements import Placement, PlacementSource
 from moeplane.controlplane.store.queries import job_row
 
 VIEWS = ("matrix", "layer", "expert", "ranks")
 AGGS = ("mean", "max", "p95")
-
-
-def placements(engine: Engine, job: dict) -> tuple[list[tuple[int, np.ndarray]], np.ndarray | None, int | None]:
-    """([(applied_step, phy2log)] ascending, identity placement or None, world size or None)."""
-    from moeplane.controlplane.controller.runner import geometry, identity
-
-    p = t.plans.c
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(p.applied_step, p.phy2log, p.layers, p.world_size)
-            .where(p.job_id == job["job_id"], p.applied_step.is_not(None),
-                   p.status.in_(["applied", "rolled_back"]))
-            .order_by(p.applied_step, p.epoch)
-        ).all()
-    applied = [(r.applied_step, np.frombuffer(r.phy2log, dtype="<i8").reshape(r.layers, -1)) for r in rows]
-    geo = geometry(engine, dict(job)) if job.get("layers") else None
-    ident = None if geo is None else identity(job["layers"], job["experts"], geo[0], geo[1])
-    world = rows[-1].world_size if rows else (geo[0] if geo else None)
-    return applied, ident, world
 
 
 def _aggregate(per_step: np.ndarray, agg: str) -> np.ndarray:
@@ -65,7 +45,8 @@ def _select(values: np.ndarray, view: str, layer: int | None, expert: int | None
 
 def load_history(engine: Engine, job_id: str, win: Window, *, view: str = "matrix", agg: str = "mean",
                  layer: int | None = None, expert: int | None = None,
-                 steps: tuple[int | None, int | None] = (None, None)) -> dict:
+                 steps: tuple[int | None, int | None] = (None, None),
+                 placements: PlacementSource | None = None) -> dict:
     """Items per bucket: {start, steps, step_first, step_last, values}. ``values``: matrix
     [L, E]; layer [E]; expert [L] (a number with ``layer``); ranks [G] (summed over layers, or
     of one ``layer``). Units: tokens per step."""
@@ -107,7 +88,7 @@ def load_history(engine: Engine, job_id: str, win: Window, *, view: str = "matri
                 q = q.where(e.step < s1)
             for row in conn.execute(q):
                 raw[int(tiers.bucket_of(row.ts, win.bucket_s))].append(row)
-    plan_steps, ident, world = placements(engine, job) if view == "ranks" else ([], None, None)
+    source = placements or PlacementSource(engine)
     items = []
     for b in sorted(set(tier_rows) | set(raw)):
         if b in tier_rows:
@@ -123,11 +104,10 @@ def load_history(engine: Engine, job_id: str, win: Window, *, view: str = "matri
             counts = np.stack([np.frombuffer(r.counts, dtype="<i8").reshape(r.layers, r.experts) for r in rows])
             n, first, last = len(rows), rows[0].step, rows[-1].step
             if view == "ranks":
-                if world is None:
+                ran = source.at_steps(dict(job), [r.step for r in rows])
+                if ran is None:
                     raise ValueError("view: ranks needs the job's geometry (world size), not known yet")
-                per_step = np.stack([
-                    _ranks_of(c, r.step, plan_steps, ident, world, layer) for c, r in zip(counts, rows, strict=True)
-                ])
+                per_step = np.stack([_ranks_of(c, p, layer) for c, p in zip(counts, ran, strict=True)])
                 items.append({"start": b, "steps": n, "step_first": first, "step_last": last,
                               "values": _aggregate(per_step, agg).tolist()})
                 continue
@@ -137,14 +117,10 @@ def load_history(engine: Engine, job_id: str, win: Window, *, view: str = "matri
     return _header(win, split) | {"job_id": job_id, "view": view, "agg": agg, "items": items}
 
 
-def _ranks_of(counts, step, plan_steps, ident, world, layer) -> np.ndarray:
-    phy2log = ident
-    for applied_step, p in plan_steps:
-        if applied_step <= step:
-            phy2log = p
-    if phy2log is None or phy2log.shape[0] != counts.shape[0]:
+def _ranks_of(counts: np.ndarray, placement: Placement, layer: int | None) -> np.ndarray:
+    """Tokens per rank [G] (summed over layers, or of ``layer``) of one step's ``counts``
+    [L, E] under the placement that ran at that step."""
+    if placement.phy2log.shape[0] != counts.shape[0]:
         raise ValueError("view: ranks needs a placement matching the loads' layers")
-    if phy2log.shape[1] % world:
-        raise ValueError(f"phy2log: shape {phy2log.shape} does not fit {counts.shape[0]} layers x {world} ranks")
-    per_layer = gpu_loads(counts, phy2log, world)
+    per_layer = gpu_loads(counts, placement.phy2log, placement.geometry.ranks)
     return per_layer[layer] if layer is not None else per_layer.sum(axis=0)

@@ -131,3 +131,11 @@ class PlanReceiver:
                 raise WireError("plan.changed_slots", f"indices outside [0, {flat.size})")
             flat[slots] = experts
         return full
+
+
+def plan_message(plan: dict, not_before_step: int) -> bytes:
+    """Serialized full PlacementPlan of a stored plan (a dict with job_id, epoch, phy2log
+    [L, G*S], slots_per_rank): phy2log in the smallest integer dtype holding its ids (uint8
+    for E <= 256). The bus carries it; ingest derives deltas."""
+    return full_plan(plan["job_id"], plan["epoch"], plan["phy2log"], plan["slots_per_rank"],
+                     not_before_step).SerializeToString()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moeplane.controlplane.controller.decide import Action, decide, migration_stall_s
-from moeplane.controlplane.controller.runner import ema, identity
+from moeplane.controlplane.balancing.placement import identity_placement
+from moeplane.controlplane.controller.decide import Action, decide, ema, migration_stall_s
 from moeplane.controlplane.domain.rebalance_policy import RebalancePolicy
 
 L, E, G, S = 4, 16, 4, 4
@@ -21,7 +21,7 @@ def skewed(seed=0, hot=3.0):
 
 def args(**over):
     loads = skewed()
-    cur = identity(L, E, G, S)
+    cur = identity_placement(L, E, G * (S))
     base = dict(
         recent_balancedness=np.array([1.8, 1.8, 1.8]), predicted=loads, current=cur, world_size=G,
         slots_per_rank=S, nodes=2, step_time_s=1.0, now=1000.0, last_plan_at=None,
@@ -78,7 +78,7 @@ def test_layers_with_too_little_gain_keep_their_placement():
     d = decide(**args(predicted=loads))
     assert d.action == Action.REBALANCE
     assert 2 not in d.layers
-    np.testing.assert_array_equal(d.phy2log[2], identity(L, E, G, S)[2])
+    np.testing.assert_array_equal(d.phy2log[2], identity_placement(L, E, G * (S))[2])
 
 
 def test_stall_is_the_busiest_destination_rank():

@@ -87,7 +87,7 @@ def test_auto_policy_plans_pushes_applies_and_measures(cluster):
     aio.run(a1.wait_acks([100]))
     plan = http.get("/jobs/job-1/plans/1").json()
     assert plan["status"] == "applied" and plan["applied_step"] == 6
-    send_steps(a0, a1, [7], seq0=101)
+    send_steps(a0, a1, range(7, 17), seq0=101)  # measured over its first 10 steps
     plan = poll(lambda: (p := http.get("/jobs/job-1/plans/1").json())["measured_after"] and p, what="measurement")
     assert plan["measured_after"] < plan["measured_before"]
     assert abs(plan["measured_after"] - plan["predicted_after"]) < 0.25

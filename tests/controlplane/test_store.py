@@ -88,11 +88,11 @@ def test_concurrent_plan_writers_never_share_an_epoch(engine):
     """Many threads create plans at once: every epoch is used once, none is lost."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from moeplane.controlplane.controller.runner import identity
+    from moeplane.controlplane.balancing.placement import identity_placement
     from moeplane.controlplane.store import plans as P
 
     StoreWriter(engine).register_hello(_hello())
-    phy2log = identity(2, 3, 2, 2)
+    phy2log = identity_placement(2, 3, 2 * (2))
     with ThreadPoolExecutor(8) as pool:
         epochs = list(pool.map(
             lambda _i: P.create_plan(engine, "j", phy2log, world_size=2, slots_per_rank=2), range(16)

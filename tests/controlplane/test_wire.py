@@ -66,7 +66,7 @@ def _placement(layers: int, experts: int, slots: int, seed: int = 0) -> np.ndarr
 @pytest.mark.parametrize("experts,slots,dtype", [(256, 1024, "uint8"), (257, 512, "uint16"),
                                                  (300, 600, "uint16"), (70_000, 70_000, "int32")])
 def test_full_plan_phy2log_travels_in_the_smallest_dtype_holding_e_minus_1(experts, slots, dtype):
-    from moeplane.controlplane.controller.runner import plan_message
+    from moeplane.controlplane.wire.plan_codec import plan_message
 
     phy2log = _placement(2, experts, slots)
     plan = pb.PlacementPlan.FromString(plan_message(

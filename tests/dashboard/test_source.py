@@ -9,12 +9,12 @@ from moeplane.controlplane.domain.lifecycle import Status
 from moeplane.controlplane.store import plans as P
 from moeplane.controlplane.store.engine import make_engine
 from moeplane.controlplane.store.migrate import upgrade
+from moeplane.controlplane.store.placements import PlacementSource
 from moeplane.controlplane.store.records import LoadsRecord
 from moeplane.controlplane.store.writes import StoreWriter
 from moeplane.dashboard.placement import layer_balancedness, rank_loads
 from moeplane.dashboard.source import (
     BalancednessCache,
-    PlacementCache,
     current_placement,
     placements_at_steps,
 )
@@ -87,7 +87,7 @@ def placement_reads(engine) -> list[str]:
 def test_placement_cache_reads_the_blob_once_per_running_plan(sim):
     engine, job = sim
     shape = (3, 12)
-    cache = PlacementCache()
+    cache = PlacementSource(engine)
     reads = placement_reads(engine)
 
     def refresh(shape=shape):
@@ -110,7 +110,7 @@ def test_placement_cache_reads_the_blob_once_per_running_plan(sim):
     job.apply(second, step=20)  # a new applied plan is read once
     assert [refresh() for _ in range(3)] == [(f"epoch {second}", 1)] + [(f"epoch {second}", 0)] * 2
     # a plan that does not fit the loads: identity, without reading the blob again to find that out
-    assert [refresh((3, 6)) for _ in range(2)] == [("identity", 1), ("identity", 0)]
+    assert [refresh((3, 6)) for _ in range(2)] == [("identity", 0), ("identity", 0)]
     # the running plan rolled back: the one before runs again (still cached), as without the cache
     P.transition(engine, job.job_id, second, Status.ROLLED_BACK)
     assert refresh() == (f"epoch {first}", 0)
@@ -118,16 +118,31 @@ def test_placement_cache_reads_the_blob_once_per_running_plan(sim):
 
 def test_placement_cache_keeps_the_newest_entries_only(sim):
     engine, job = sim
-    cache = PlacementCache(size=2)
-    job.apply(job.plan((job.identity() + 1) % job.experts), step=10)
+    source = PlacementSource(engine, size=2)
+    for i, step in enumerate((10, 20, 30)):
+        job.apply(job.plan((job.identity() + 1 + i) % job.experts), step=step)
     reads = placement_reads(engine)
-    for shape in [(3, 12), (3, 13), (3, 14), (3, 12)]:  # (3, 12) was evicted by (3, 14)
-        current_placement(engine, job.job_id, shape, cache)
-    assert len(reads) == 4
-    current_placement(engine, job.job_id, (3, 14), cache)
+    source.at_steps(job_row(engine, job), [10, 20, 30])  # three plans: the first is evicted
+    assert len(reads) == 3
+    source.at_steps(job_row(engine, job), [20, 30])
+    assert len(reads) == 3
+    source.at_steps(job_row(engine, job), [10])
     assert len(reads) == 4
     with pytest.raises(ValueError, match="size"):
-        PlacementCache(size=0)
+        PlacementSource(engine, size=0)
+
+
+def job_row(engine, job):
+    from moeplane.controlplane.store import queries as q
+
+    return q.get_job(engine, job.job_id)
+
+
+def test_geometry_follows_the_shape_shown(sim):
+    engine, job = sim
+    p = current_placement(engine, job.job_id, (3, 13))  # 8 ranks, ceil(13 / 8) = 2 slots each
+    assert (p.geometry.ranks, p.geometry.slots_per_rank, p.phy2log.shape) == (8, 2, (3, 16))
+    assert PlacementSource(engine).running(job_row(engine, job)).geometry.experts == 12
 
 
 def test_history_placements_share_the_cache_with_the_live_view(sim):
@@ -141,7 +156,7 @@ def test_history_placements_share_the_cache_with_the_live_view(sim):
     want = placements_at_steps(engine, job.job_id, shape, steps)
     assert [p.source for p in want] == ["identity", f"epoch {first}", f"epoch {first}",
                                         f"epoch {second}", f"epoch {second}"]  # rolled back, but it ran
-    cache = PlacementCache()
+    cache = PlacementSource(engine)
     reads = placement_reads(engine)
     current_placement(engine, job.job_id, shape, cache)  # the live view reads the running plan
     assert len(reads) == 1

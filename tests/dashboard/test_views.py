@@ -18,7 +18,6 @@ from moeplane.dashboard.cluster_views import (
 from moeplane.dashboard.expert_views import (
     balancedness_figure,
     expert_heatmap_figure,
-    job_geometry,
     placement_figure,
     rank_load_figure,
     relative_rank_load,
@@ -103,13 +102,6 @@ def test_alerts_summary_and_link_figure():
 
 def test_every_grid_metric_has_a_unit():
     assert all(m.unit and m.label for m in METRICS.values())
-
-
-def test_job_geometry():
-    assert job_geometry({"world_size": 4, "slots_per_rank": None}, (2, 10), 0).slots_per_rank == 3
-    assert job_geometry({"world_size": None, "slots_per_rank": 4}, (2, 10), 4).slots_per_rank == 4
-    g = job_geometry({"world_size": None, "slots_per_rank": 1}, (2, 10), 0)
-    assert (g.ranks, g.slots_per_rank) == (1, 10)
 
 
 def test_expert_figures_carry_the_arrays():

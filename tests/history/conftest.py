@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from moeplane.controlplane.controller.runner import identity
+from moeplane.controlplane.balancing.placement import identity_placement
 from moeplane.controlplane.store import plans as P
 from tests.controlplane.serverthread import running_server
 from tests.history.data import EXPERTS, LAYERS, RANKS, fill
@@ -22,7 +22,7 @@ def live(tmp_path_factory):
         t0 = math.floor((time.time() - 3 * 3600) / 3600) * 3600
         srv["t0"] = t0
         srv["data"] = fill(srv["engine"], t0, HOURS * 3600)
-        srv["epoch"] = P.create_plan(srv["engine"], "j", identity(LAYERS, EXPERTS, RANKS, EXPERTS // RANKS),
+        srv["epoch"] = P.create_plan(srv["engine"], "j", identity_placement(LAYERS, EXPERTS, RANKS * (EXPERTS // RANKS)),
                                      world_size=RANKS, slots_per_rank=EXPERTS // RANKS, reason="test")
         srv["base"] = f"http://127.0.0.1:{srv['http_port']}"
         yield srv

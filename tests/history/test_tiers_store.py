@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from moeplane.controlplane.controller.runner import identity
+from moeplane.controlplane.balancing.placement import identity_placement
 from moeplane.controlplane.domain.lifecycle import Status
 from moeplane.controlplane.retention import Retention, RetentionPolicy
 from moeplane.controlplane.store import history as H
@@ -120,7 +120,7 @@ def test_nothing_is_deleted_before_it_is_rolled_up(engine):
 def test_rank_loads_follow_the_applied_placement(engine):
     data = fill(engine, T0, 600)  # 60 steps, 10 s apart
     world, slots = RANKS, EXPERTS // RANKS
-    moved = identity(LAYERS, EXPERTS, world, slots)[:, ::-1].copy()  # every expert on the other rank
+    moved = identity_placement(LAYERS, EXPERTS, world * (slots))[:, ::-1].copy()  # every expert on the other rank
     epoch = P.create_plan(engine, "j", moved, world_size=world, slots_per_rank=slots, status=Status.APPLIED)
     with engine.begin() as conn:
         conn.execute(sa.update(t.plans).where(t.plans.c.epoch == epoch).values(applied_step=30))

@@ -1,4 +1,4 @@
-"""Pure placement arithmetic (no torch)."""
+"""The SDK's placement checks and slot tables (no torch)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,8 @@ import pytest
 
 from moeplane.agents.sdk.placement import (
     PlacementError,
-    balancedness,
     check_phy2log,
     migration_sources,
-    rank_loads,
-    rebalance,
     replica_table,
 )
 
@@ -23,30 +20,6 @@ def test_replica_table_lists_slots_per_expert_in_order():
     slots, count = replica_table(np.array([2, 0, 2, 1, 2, 0]), 4)
     assert count.tolist() == [2, 1, 3, 0]
     assert slots.tolist() == [[1, 5, -1], [3, -1, -1], [0, 2, 4], [-1, -1, -1]]
-
-
-def test_rank_loads_split_tokens_evenly_across_replicas():
-    loads = np.array([[90.0, 10.0, 20.0]])
-    phy2log = np.array([[0, 1, 0, 2, 0, 1]])  # expert 0 on three slots, 1 on two
-    per_rank = rank_loads(loads, phy2log, world_size=3)
-    np.testing.assert_allclose(per_rank, [[30 + 5, 30 + 20, 30 + 5]])
-    assert balancedness(per_rank) == pytest.approx(50 / 40)
-
-
-def test_balancedness_of_an_empty_layer_is_one():
-    assert balancedness(np.array([[0.0, 0.0], [1.0, 3.0]])) == pytest.approx((1 + 1.5) / 2)
-
-
-def test_rebalance_replicates_hot_experts_and_levels_the_ranks():
-    rng = np.random.default_rng(0)
-    loads = rng.zipf(1.5, size=(3, 16)).astype(float)
-    phy2log = rebalance(loads, world_size=4, slots_per_rank=5)
-    check_phy2log(phy2log, layers=3, experts=16, world_size=4, slots_per_rank=5)
-    naive = np.tile(np.arange(20) % 16, (3, 1))
-    assert balancedness(rank_loads(loads, phy2log, 4)) < balancedness(rank_loads(loads, naive, 4))
-    for layer in range(3):  # the hottest expert got the spare slots first
-        hottest = int(np.argmax(loads[layer]))
-        assert np.count_nonzero(phy2log[layer] == hottest) >= 2
 
 
 def test_migration_sources_copy_locally_when_possible_and_spread_remote_reads():
