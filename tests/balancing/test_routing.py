@@ -11,9 +11,11 @@ from benchmarks.planner_traces import drifting_trace
 from benchmarks.routing_lp import lp_optimum
 from moeplane.controlplane.balancing import (
     gpu_loads,
+    layer_balancedness,
     plan_placement,
     route_replicas,
     route_with,
+    routed_balancedness,
     routing_table,
 )
 
@@ -130,3 +132,22 @@ def test_the_table_is_reusable_and_the_result_deterministic():
 def test_bad_input_raises_naming_the_argument(loads, phy2log, gpus, match):
     with pytest.raises(ValueError, match=match):
         route_replicas(loads, phy2log, gpus=gpus)
+
+
+def test_routed_balancedness_is_the_per_step_balancedness_of_routed_tokens():
+    experts, gpus, spg = 32, 8, 5
+    trace = np.round(drifting_trace(12, 2, experts, tokens_per_layer=4000, seed=8))
+    p = plan_placement(trace[:8].mean(axis=0), gpus=gpus, slots_per_gpu=spg).phy2log
+    got = routed_balancedness(trace, p, gpus=gpus)
+    assert got.shape == (12, 2)
+    for t in (0, 7, 11):
+        per_gpu = route_replicas(trace[t].astype(np.int64), p, gpus=gpus).reshape(2, gpus, -1)
+        np.testing.assert_allclose(got[t], layer_balancedness(per_gpu.sum(axis=2)))
+    # the balancedness of the window's mean promises more than the steps deliver
+    of_mean = routed_balancedness(trace.mean(axis=0)[None], p, gpus=gpus).mean()
+    assert got.mean() > of_mean + 0.01
+
+
+def test_routed_balancedness_refuses_a_placement_of_other_layers():
+    with pytest.raises(ValueError, match="phy2log must have shape"):
+        routed_balancedness(np.ones((3, 2, 4)), np.tile(np.arange(4), (3, 1)), gpus=2)
