@@ -189,7 +189,7 @@ def fractional_shares(table: RoutingTable, loads: np.ndarray, iterations: int = 
     lg = table.layers * table.gpus
     single = table.pair_index < 0
     base = np.bincount(table.pair_gpu[single], weights=w[table.pair_expert[single]],
-                       minlength=lg + 1)
+                       minlength=lg + 1).astype(np.float64)  # int64 when no weights
     base[lg] = FAR
     holders, alpha = table.holders, table.alpha
     pad = holders == lg

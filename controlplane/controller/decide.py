@@ -7,6 +7,9 @@ balancedness would improve by less than ``min_layer_gain`` keep their current pl
 
 Cost model: expert time per step ∝ max rank load = mean load × balancedness, so a change of
 balancedness from b0 to b1 saves ``step_time × moe_time_fraction × (1 − b1/b0)`` per step.
+b0 and b1 are what the job will measure: the mean over the recent window's individual steps of
+their balancedness with each step's tokens routed among the replicas
+(``balancing.routed_balancedness``), under the running and the new placement.
 Migration stalls every rank until the busiest destination rank has received its copies:
 ``max over ranks of (intra copies × bytes / intra bw + cross copies × bytes / cross bw)``.
 """
@@ -20,11 +23,9 @@ from enum import StrEnum
 import numpy as np
 
 from moeplane.controlplane.balancing import (
-    balancedness,
     count_moves,
-    gpu_loads,
-    layer_balancedness,
     plan_placement,
+    routed_balancedness,
 )
 from moeplane.controlplane.domain.rebalance_policy import RebalancePolicy
 
@@ -40,7 +41,8 @@ class Decision:
 
     phy2log [L, G*S] int64 (REBALANCE only): the placement to push.
     layers: the layers whose placement changes.
-    predicted_before / predicted_after: balancedness under the predicted loads.
+    predicted_before / predicted_after: balancedness the job is predicted to measure, before
+    and after: the mean per-step balancedness over the recent window's steps, with routing.
     gain_s / cost_s: predicted step time saved over the horizon vs. migration stall, seconds.
     """
 
@@ -89,12 +91,15 @@ def decide(
     last_plan_at: float | None,
     policy: RebalancePolicy,
     planner: Callable = plan_placement,
+    window: np.ndarray | None = None,
 ) -> Decision:
     """Decide for one job.
 
     Args:
         recent_balancedness [W]: measured balancedness of the running placement, oldest first.
-        predicted [L, E]: predicted tokens per logical expert for the coming steps.
+        predicted [L, E]: predicted tokens per logical expert for the coming steps (planned for).
+        window [W, L, E]: the recent steps' tokens per logical expert, oldest first, on which
+            the balancedness before and after is predicted (default: ``predicted`` alone).
         current [L, G*S] int64: the running placement.
         world_size, slots_per_rank, nodes: G, S and the node count (G divisible by nodes).
         step_time_s: recent mean step time, seconds.
@@ -114,8 +119,9 @@ def decide(
         predicted, gpus=world_size, slots_per_gpu=slots_per_rank, nodes=nodes, current=current,
         max_moves=policy.max_moves, search=policy.search,
     )
-    before = layer_balancedness(gpu_loads(predicted, current, world_size))
-    after = layer_balancedness(gpu_loads(predicted, plan.phy2log, world_size))
+    steps = np.asarray(predicted, dtype=np.float64)[None] if window is None else window
+    before = routed_balancedness(steps, current, gpus=world_size).mean(axis=0)
+    after = routed_balancedness(steps, plan.phy2log, gpus=world_size).mean(axis=0)
     keep = (before - after) >= policy.min_layer_gain
     if not keep.any():
         return Decision(Action.HOLD, f"no layer gains {policy.min_layer_gain} or more", predicted_before=float(before.mean()))
@@ -123,8 +129,8 @@ def decide(
     kept_rows = np.isin(plan.transfers[:, 0], np.flatnonzero(keep)) if len(plan.transfers) else np.zeros(0, bool)
     transfers = plan.transfers[kept_rows]
     cross = plan.cross_node[kept_rows]
-    b0 = float(balancedness(predicted, current, world_size))
-    b1 = float(balancedness(predicted, new, world_size))
+    b0 = float(before.mean())
+    b1 = float(np.where(keep, after, before).mean())
     gain = policy.horizon_steps * step_time_s * policy.moe_time_fraction * (1.0 - b1 / b0)
     cost = migration_stall_s(transfers, cross, slots_per_rank, world_size, policy)
     moves = int(count_moves(current, new, world_size, predicted.shape[1]).sum())

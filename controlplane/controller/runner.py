@@ -16,7 +16,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from moeplane.controlplane.balancing import balancedness
+from moeplane.controlplane.balancing import routed_balancedness
 from moeplane.controlplane.controller.decide import Action, decide, ema
 from moeplane.controlplane.controller.executor import push_plan
 from moeplane.controlplane.controller.leader import Leadership
@@ -30,6 +30,7 @@ from moeplane.controlplane.store.lifecycle import Fenced
 from moeplane.controlplane.store.placements import PlacementSource
 
 log = logging.getLogger(__name__)
+MEASURE_STEPS = 10  # a plan's measured balancedness: the mean over its first steps
 
 
 class Controller(ReconcileLoop):
@@ -89,14 +90,15 @@ class Controller(ReconcileLoop):
         if current.shape != (loads.shape[1], world * slots):
             log.warning("job %s: placement %s does not fit loads %s", job_id, current.shape, loads.shape)
             return None
-        recent = np.array([balancedness(w, current, world) for w in loads])
+        # what the job measures: each step's tokens routed among the replicas (the SDK's rule)
+        recent = routed_balancedness(loads, current, gpus=world).mean(axis=1)
         stats = q.step_stats_history(self.engine, job_id, q.Range(step_start=max(0, latest - policy.window_steps + 1)))
         step_time = float(np.mean([s["step_time_s"] for s in stats])) if stats else 1.0
         last = P.list_plans(self.engine, job_id, limit=1)
         decision = decide(
             recent_balancedness=recent, predicted=ema(loads), current=current, world_size=world,
             slots_per_rank=slots, nodes=nodes, step_time_s=step_time, now=now,
-            last_plan_at=last[0]["created_at"] if last else None, policy=policy,
+            last_plan_at=last[0]["created_at"] if last else None, policy=policy, window=loads,
         )
         self.decisions[job_id] = f"{decision.action}: {decision.reason}"
         if decision.action != Action.REBALANCE:
@@ -106,7 +108,7 @@ class Controller(ReconcileLoop):
                 self.engine, job_id, decision.phy2log, world_size=world, slots_per_rank=slots,
                 base_epoch=running["epoch"] if running else 0, leader_term=term, moves=decision.moves,
                 cross_node_moves=decision.cross_node_moves, predicted_before=decision.predicted_before,
-                predicted_after=decision.predicted_after, measured_before=float(recent[-1]),
+                predicted_after=decision.predicted_after, measured_before=float(recent.mean()),
                 reason=decision.reason, clock=self.clock,
             )
         except Fenced as exc:
@@ -131,12 +133,17 @@ class Controller(ReconcileLoop):
         return True
 
     def _measure(self, job_id: str, plan: dict) -> None:
-        after = q.loads_history(self.engine, job_id, q.Range(step_start=plan["applied_step"] + 1, limit=1))
-        if not after:
+        # the mean over the first MEASURE_STEPS steps under the plan, as predicted_after is
+        # the mean over the window's steps
+        after = q.loads_history(
+            self.engine, job_id, q.Range(step_start=plan["applied_step"] + 1, limit=MEASURE_STEPS)
+        )
+        if len(after) < MEASURE_STEPS:
             return
-        value = balancedness(after[0]["counts"].astype(np.float64), plan["phy2log"], plan["world_size"])
+        window = np.stack([a["counts"] for a in after]).astype(np.float64)
+        value = float(routed_balancedness(window, plan["phy2log"], gpus=plan["world_size"]).mean())
         with self.engine.begin() as conn:
             conn.execute(
                 sa.update(t.plans).where(t.plans.c.job_id == job_id, t.plans.c.epoch == plan["epoch"])
-                .values(measured_after=value, measured_step=after[0]["step"])
+                .values(measured_after=value, measured_step=after[-1]["step"])
             )
