@@ -95,22 +95,34 @@ def _name(names, index: int) -> str:
 def check_versions(spans: Spans, ok: np.ndarray, latest: dict[int, tuple[float, int]],
                    refused: _Refusals) -> None:
     """Refuse (in ``ok``) rows whose policy version is lower than an earlier span's of the same
-    rank: in this report (ordered by start) or stored (``latest``: rank -> (start, version))."""
+    rank: in this report (ordered by start) or stored (``latest``: rank -> (start, version)),
+    unless the row starts no later than that stored span (an old span resent)."""
     rows = np.flatnonzero(ok & (spans.rank >= 0))
+    if rows.size == 0:
+        return
     order = rows[np.lexsort((spans.start[rows], spans.rank[rows]))]
-    prev_rank, high, high_start = None, -1, -math.inf
-    for i in order.tolist():
-        rank = int(spans.rank[i])
-        if rank != prev_rank:
-            prev_rank = rank
-            high_start, high = latest.get(rank, (-math.inf, -1))
-        v, s = int(spans.version[i]), float(spans.start[i])
-        if v < high and s > high_start:
-            refused.add(f"rl.spans.version[{i}]",
-                        f"version {v} of rank {rank} goes backwards (version {high} from {high_start:.6f})")
-            ok[i] = False
-        elif v > high or s > high_start:
-            high, high_start = max(v, high), max(s, high_start)
+    rank, version, start = spans.rank[order], spans.version[order], spans.start[order]
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = rank[1:] != rank[:-1]
+    group = np.cumsum(first) - 1
+    # stored (start, version) of each row's rank; -inf / -1 when none
+    stored_v = np.array([latest.get(int(r), (0.0, -1))[1] for r in rank[first]], dtype=np.int64)[group]
+    stored_s = np.array([latest.get(int(r), (-math.inf, -1))[0] for r in rank[first]])[group]
+    # highest version of the earlier rows of the same rank: a running max restarted per rank
+    # (on version ranks, so that rank offsets cannot overflow int64)
+    values, vr = np.unique(version, return_inverse=True)
+    width = int(vr.max()) + 1
+    running = values[np.maximum.accumulate(vr + group * width) - group * width]
+    earlier = np.full(order.size, -1, dtype=np.int64)
+    earlier[1:] = np.where(first[1:], -1, running[:-1])
+    bad = (version < earlier) | ((version < stored_v) & (start > stored_s))
+    if bad.any():
+        k = int(np.argmin(np.where(bad, order, np.iinfo(np.int64).max)))  # the first bad row sent
+        i, r = int(order[k]), int(rank[k])
+        high = max(int(earlier[k]), int(stored_v[k]) if start[k] > stored_s[k] else -1)
+        refused.add(f"rl.spans.version[{i}]", f"version {int(version[k])} of rank {r} goes backwards "
+                                                f"(an earlier span has version {high})", int(bad.sum()))
+    ok[order[bad]] = False
 
 
 def _sync(s: pb.WeightSync, i: int, refused: _Refusals) -> dict | None:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from moeplane.controlplane.rl.phases import Spans
 from moeplane.controlplane.store import bulk
@@ -31,18 +31,39 @@ def save_report(engine: Engine, job_id: str, node_id: str, spans: Spans,
     """Store a report's spans, weight syncs (dicts of SYNC_COLUMNS but job and node) and
     batches (dicts of BATCH_COLUMNS but job and node) in one transaction; existing keys are
     kept as they are."""
-    n = len(spans)
-    rows = list(zip([job_id] * n, [node_id] * n, spans.rank.tolist(), spans.phase.tolist(),
-                    spans.start.tolist(), spans.end.tolist(), spans.step.tolist(), spans.version.tolist(),
-                    spans.role.tolist(), spans.tokens.tolist(), strict=True))
     with engine.begin() as conn:
-        bulk.insert(conn, t.rl_spans, SPAN_COLUMNS, rows, ignore_conflicts_on=SPAN_KEY)
+        _insert_spans(conn, job_id, node_id, spans)
         bulk.insert(conn, t.rl_weight_syncs, SYNC_COLUMNS,
                     [_row(SYNC_COLUMNS, s, job_id, node_id) for s in syncs],
                     ignore_conflicts_on=("job_id", "rank", "to_version"))
         bulk.insert(conn, t.rl_batches, BATCH_COLUMNS,
                     [_row(BATCH_COLUMNS, b, job_id, node_id) for b in batches],
                     ignore_conflicts_on=("job_id", "step", "rank"))
+
+
+def _insert_spans(conn: Connection, job_id: str, node_id: str, spans: Spans) -> None:
+    """INSERT ... ON CONFLICT (SPAN_KEY) DO NOTHING of every span, one statement.
+
+    PostgreSQL: one ``unnest`` of array literals built from the columns (``repr`` of a float is
+    exact), sent as text: psycopg's per-item binary dumping of Python lists cost several times
+    more per span. SQLite: one executemany of plain tuples."""
+    n = len(spans)
+    if n == 0:
+        return
+    cols = ("rank", "phase", "start_ts", "end_ts", "step", "version", "role", "tokens")
+    values = (spans.rank, spans.phase, spans.start, spans.end, spans.step, spans.version, spans.role, spans.tokens)
+    names = ", ".join(f'"{c}"' for c in ("job_id", "node_id", *cols))
+    if conn.dialect.name == "postgresql":
+        types = ("int", "smallint", "float8", "float8", "bigint", "bigint", "smallint", "bigint")
+        arrays = ", ".join(f"%s::{ty}[]" for ty in types)
+        sql = (f"INSERT INTO rl_spans ({names}) SELECT %s, %s, * FROM unnest({arrays}) "
+               f"ON CONFLICT ({', '.join(SPAN_KEY)}) DO NOTHING")
+        literals = ["{" + ",".join(map(repr, v.tolist())) + "}" for v in values]
+        conn.connection.driver_connection.execute(sql, [job_id, node_id, *literals])
+        return
+    sql = (f"INSERT INTO rl_spans ({names}) VALUES ({', '.join(['?'] * (len(cols) + 2))}) "
+           f"ON CONFLICT ({', '.join(SPAN_KEY)}) DO NOTHING")
+    conn.exec_driver_sql(sql, list(zip([job_id] * n, [node_id] * n, *(v.tolist() for v in values), strict=True)))
 
 
 def _row(columns: Sequence[str], values: dict, job_id: str, node_id: str) -> tuple:
