@@ -16,16 +16,11 @@ import sys
 import grpc
 import uvicorn
 
+from moeplane.controlplane import startup
 from moeplane.controlplane.api.app import create_api
 from moeplane.controlplane.auth.dashboard import DashboardGate, flask_role, require_operator
-from moeplane.controlplane.auth.serving import (
-    OPEN_BANNER,
-    add_grpc_port,
-    open_mode_problem,
-    tls_files,
-)
+from moeplane.controlplane.auth.serving import OPEN_BANNER, open_mode_problem
 from moeplane.controlplane.auth.tokens import TokenStore
-from moeplane.controlplane.bus import make_bus
 from moeplane.controlplane.controller.executor import Executor
 from moeplane.controlplane.controller.leader import Leadership
 from moeplane.controlplane.controller.offload import OffloadController
@@ -37,8 +32,6 @@ from moeplane.controlplane.ingest.validate import JobShape
 from moeplane.controlplane.retention import Retention, RetentionPolicy
 from moeplane.controlplane.settings import Settings
 from moeplane.controlplane.store import queries
-from moeplane.controlplane.store.engine import make_engine
-from moeplane.controlplane.store.migrate import upgrade
 from moeplane.controlplane.store.placements import PlacementSource
 from moeplane.controlplane.store.writes import StoreWriter
 
@@ -86,20 +79,20 @@ async def serve(
     if problem:
         print(f"moeplane serve: {problem}", file=sys.stderr, flush=True)
         return 2
-    tls = tls_files(settings.tls_certfile, settings.tls_keyfile)
+    try:  # what can fail on the operator's settings fails here, in one line
+        tls, http_socket, engine, bus = await startup.prepare(settings)
+    except startup.StartupError as exc:
+        print(f"moeplane serve: {exc}", file=sys.stderr, flush=True)
+        return 2
     policy = RetentionPolicy(
         raw_s=settings.raw_retention_s, loads_s=settings.loads_retention_s,
         minute_s=settings.minute_retention_s, hour_s=settings.hour_retention_s, lag_s=settings.rollup_lag_s,
     )
-    await asyncio.to_thread(upgrade, settings.database_url)
-    engine = make_engine(settings.database_url)
     tokens = TokenStore(engine) if settings.auth else None
     if settings.rebalance_mode:
         from moeplane.controlplane.store.plans import DEFAULT_POLICY, set_policy
 
         await asyncio.to_thread(set_policy, engine, DEFAULT_POLICY, {"mode": settings.rebalance_mode})
-    bus = make_bus(settings.redis_url)
-    await bus.start()
     writer = StoreWriter(engine)
     batcher = Batcher(writer.write)
     batcher.start()
@@ -116,10 +109,11 @@ async def serve(
         options=[
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
+            startup.GRPC_NO_REUSEPORT,
         ]
     )
     add_ingest_to_server(ingest, grpc_server)
-    grpc_port = add_grpc_port(grpc_server, settings.grpc_listen, tls)
+    grpc_port = startup.bind_grpc(grpc_server, settings.grpc_listen, tls)
     await grpc_server.start()
 
     holder = f"{socket.gethostname()}:{os.getpid()}"
@@ -158,7 +152,7 @@ async def serve(
             ssl_certfile=settings.tls_certfile or None, ssl_keyfile=settings.tls_keyfile or None,
         )
     )
-    http_task = asyncio.create_task(http.serve())
+    http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
     while not http.started and not http_task.done():
         await asyncio.sleep(0.02)
     if http_task.done():  # the HTTP port could not be bound
@@ -198,4 +192,8 @@ def run(settings: Settings) -> int:
     # ~20 % of the serving CPU under the 8,192-rank load (docs/bench-ingest.md). Objects that
     # exist once serving are frozen out of its view, and young passes run less often.
     gc.set_threshold(10_000, 20, 20)
-    return asyncio.run(serve(settings, on_ready=lambda _info: gc.freeze()))
+    try:
+        return asyncio.run(serve(settings, on_ready=lambda _info: gc.freeze()))
+    except startup.StartupError as exc:  # the gRPC port was taken after prepare checked it
+        print(f"moeplane serve: {exc}", file=sys.stderr, flush=True)
+        return 2

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///moeplane.sqlite"
@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     redis_url: str = ""
     grpc_listen: str = "127.0.0.1:50051"
     http_host: str = "127.0.0.1"
-    http_port: int = 8080
+    http_port: int = Field(default=8080, ge=0, le=65535)
     sample_interval_s: float = 1.0
     max_message_bytes: int = 32 * 1024 * 1024
     dashboard: bool = True
@@ -56,3 +56,14 @@ class Settings(BaseSettings):
     retention_interval_s: float = 60.0
     max_steps_ahead: int = Field(default=1_000_000, ge=1)
     rebalance_mode: Literal['auto', 'manual', ''] = ''  # sets the cluster default policy at start
+
+    @field_validator("grpc_listen")
+    @classmethod
+    def _host_and_port(cls, value: str) -> str:
+        """``host:port`` or ``[v6]:port``, port 0..65535 (gRPC would bind 443 without one)."""
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or host.endswith(":") and not host.startswith("["):
+            raise ValueError(f"{value!r} needs host:port (e.g. 127.0.0.1:50051, [::1]:50051)")
+        if not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"{value!r}: the port must be a number in 0..65535")
+        return value

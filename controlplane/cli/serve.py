@@ -41,6 +41,17 @@ def settings_from(args):
 
 
 def main(args) -> int:
+    import sys
+
+    from pydantic import ValidationError
+
     from moeplane.controlplane.server import run
 
-    return run(settings_from(args))
+    try:
+        settings = settings_from(args)
+    except ValidationError as exc:  # a flag or MOEPLANE_* variable: one line naming it
+        err = exc.errors()[0]
+        what = str(err["msg"]).removeprefix("Value error, ")
+        print(f"moeplane serve: {err['loc'][0] if err['loc'] else 'settings'}: {what}", file=sys.stderr, flush=True)
+        return 2
+    return run(settings)
