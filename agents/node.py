@@ -23,6 +23,7 @@ import numpy as np
 from moeplane.agents import messages
 from moeplane.agents.aggregation import NodeStep, RankReport, StepAggregator
 from moeplane.agents.offload import OffloadRelay
+from moeplane.agents.rlrelay import RLRelay
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 from moeplane.controlplane.wire.arrays import WireError, decode_array
 
@@ -73,6 +74,7 @@ class NodeState:
         self.step_opened = asyncio.Event()
         self.offload = OffloadRelay(emit, interval_s=memory_interval_s, host_free=host_free,
                                     clock=clock)
+        self.rl = RLRelay(emit)
         self.memory_changed = asyncio.Event()
 
     # ------------------------------------------------------------------ hello
@@ -236,13 +238,13 @@ class NodeState:
         link.outbox.put_nowait(pb.RankControl(offload=decision))
 
     def rank_rl(self, link: RankLink, report: pb.RLReport) -> None:
-        """Send a rank's RL report upward (the control plane validates its rows). Raises
-        ValueError naming the field when it is another job's."""
+        """Queue a rank's RL report for the node's next merged one (the control plane validates
+        its rows). Raises ValueError naming the field when it is another job's or malformed."""
         if report.job_id and report.job_id != link.job.job_id:
             raise ValueError(f"rl.job_id: {report.job_id!r} but rank {link.rank} serves "
                              f"{link.job.job_id!r}")
         report.job_id = link.job.job_id
-        self.emit(pb.AgentMessage(rl=report))
+        self.rl.add(report)  # merged with the other ranks' and sent by the agent's RL flush
 
     def rank_offload_report(self, link: RankLink, report: pb.OffloadReport) -> None:
         """Send a rank's offload report upward. Raises ValueError naming the field."""

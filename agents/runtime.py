@@ -43,6 +43,7 @@ class AgentOptions:
     max_spool_bytes: int = 256 << 20
     uplink: UplinkOptions = field(default_factory=UplinkOptions)
     follow: list[tuple[str, str]] = field(default_factory=list)  # (verl|areal, path): RL logs
+    rl_flush_s: float = 1.0  # the ranks' RL reports go up merged, once per this many seconds
 
 
 def host_free_bytes() -> int:
@@ -153,6 +154,13 @@ class Agent:
             await _until_set_or_timeout(stop, node.memory_changed, timeout)
             node.flush_memory()
 
+    async def _rl_loop(self, stop: asyncio.Event) -> None:
+        """Send the ranks' RL reports, merged, once per ``rl_flush_s``."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.options.rl_flush_s)
+            self.node.rl.flush()
+
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set; on the way out, emit open steps and close the spool."""
         o = self.options
@@ -173,6 +181,7 @@ class Agent:
                  asyncio.create_task(self._deadline_loop(stop)),
                  asyncio.create_task(self._memory_loop(stop)),
                  asyncio.create_task(self.uplink.run(stop))]
+        tasks.append(asyncio.create_task(self._rl_loop(stop)))
         self.followers = [Follower(kind, Path(path), self._emit, job_id=lambda: self.node.job_id,
                                    clock=self.clock) for kind, path in o.follow]
         tasks += [asyncio.create_task(f.run(stop)) for f in self.followers]
@@ -187,6 +196,7 @@ class Agent:
             await local.stop(grace=0.5)
             self.node.flush_due(math.inf)
             self.node.flush_memory(force=True)
+            self.node.rl.flush()
             self.spool.close()
             self.collector.close()
         for r in results:
