@@ -8,7 +8,7 @@ import sys
 import numpy as np
 
 from moeplane.controlplane.balancing.placement import gpu_expert_counts
-from moeplane.controlplane.balancing.repair_kernel import _holders, _top
+from moeplane.controlplane.balancing.repair_primitives import _holders, _top
 
 
 def test_top_k_is_largest_first_ties_to_the_lower_index_and_skips_minus_inf():

@@ -4,7 +4,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moeplane.dashboard.placement import (
-    balancedness,
     identity_phy2log,
     layer_balancedness,
     rank_loads,
@@ -40,7 +39,7 @@ def test_rank_loads_split_replicated_experts_evenly():
 def test_balancedness_is_max_over_mean_per_layer_then_mean():
     per_rank = np.array([[1.0, 1.0, 1.0, 1.0], [4.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
     assert layer_balancedness(per_rank).tolist() == [1.0, 4.0, 1.0]
-    assert balancedness(per_rank) == pytest.approx(2.0)
+    assert layer_balancedness(per_rank).mean() == pytest.approx(2.0)
 
 
 def test_bad_shapes_and_ids_name_the_argument():
