@@ -5,9 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from tests.agents.fake_ingest import FakeIngest
 from tests.agents.procs import reap, start_agent, stop, wait_path
-from tests.conftest import free_port
+from tests.agents.server import Server
 
 
 @pytest.fixture(autouse=True)
@@ -23,20 +22,27 @@ def agent_args() -> tuple[str, ...]:
 
 
 @pytest.fixture
-def local_agent(tmp_path, agent_args):
-    """A real agent process (node-0, job j1, ranks 0-1, plus ``agent_args``) uplinked to a
-    FakeIngest: yields (ingest, channel), the channel to the agent's NodeLocal Unix socket."""
-    ingest = FakeIngest(free_port()).start()
-    agent = start_agent(tmp_path, ingest.port, "node-0", "--job-id", "j1", "--ranks", "0-1",
+def server_args() -> dict:
+    """``Server`` arguments for ``local_agent`` (a test module overrides this)."""
+    return {}
+
+
+@pytest.fixture
+def local_agent(tmp_path, agent_args, server_args):
+    """A real agent process (node-0, job j1, ranks 0-1, plus ``agent_args``) uplinked to a real
+    ``moeplane serve`` on SQLite: yields (server, channel), the channel to the agent's NodeLocal
+    Unix socket."""
+    server = Server(tmp_path, **server_args).start()
+    agent = start_agent(tmp_path, server.port, "node-0", "--job-id", "j1", "--ranks", "0-1",
                         *agent_args)
     channel = None
     try:
         wait_path(tmp_path / "node-0.sock", agent)
         channel = grpc.insecure_channel(f"unix:{tmp_path / 'node-0.sock'}")
-        yield ingest, channel
+        yield server, channel
     finally:
         if channel is not None:
             channel.close()
         code = stop(agent)
-        ingest.stop()
+        server.close()
     assert code == 0

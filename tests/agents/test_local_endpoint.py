@@ -11,7 +11,7 @@ import pytest
 
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 from moeplane.controlplane.wire import moeplane_pb2_grpc as pb_grpc
-from moeplane.controlplane.wire.arrays import decode_array, encode_array
+from moeplane.controlplane.wire.arrays import encode_array
 
 JOB = pb.JobSpec(job_id="j1", layers=2, experts=4, top_k=1, world_size=2, slots_per_rank=2,
                  ranks_per_node=2)
@@ -76,34 +76,32 @@ class Rank:
 
 
 def test_bad_step_is_rejected_on_the_stream_and_good_steps_are_summed(local_agent):
-    ingest, channel = local_agent
+    server, channel = local_agent
     r0, r1 = Rank(channel, 0), Rank(channel, 1)
     r0.step(0, np.ones((3, 4), np.int64))  # wrong [L, E]
     ack = next(r0.responses).ack
     assert ack.code == 3 and "step.counts.shape" in ack.message and ack.seq == 0
     r0.step(0, np.full((2, 4), 2, np.int64))  # the stream survived
     r1.step(0, np.full((2, 4), 5, np.int64))
-    loads = ingest.wait_for(lambda s: s.loads.get(("j1", "node-0", 0)))
-    assert list(loads.ranks) == [0, 1]
-    assert (decode_array(loads.counts, "c", shape=(2, 4)) == 7).all()
-    samples = ingest.wait_for(lambda s: [m.samples for m in s.stored.values()
-                                         if m.WhichOneof("body") == "samples"
-                                         and "host_bound_ratio" in m.samples.metrics])
-    hb = decode_array(samples[-1].values, "v", finite=False)[
-        :, list(samples[-1].metrics).index("host_bound_ratio")]
-    assert hb[0] == 0.25 and hb[1] == 0.25 and np.isnan(hb[2:]).all()
-    plan = pb.PlacementPlan(job_id="j1", epoch=2, slots_per_rank=2,
-                            phy2log=encode_array(np.zeros((2, 4), np.int64)))
-    ingest.send_plan(plan)
-    assert next(r1.responses).plan.epoch == 2
-    assert next(r0.responses).plan.epoch == 2
+    loads = server.wait(lambda s: s.api.get("/jobs/j1/loads/latest").json(), what="step 0")
+    assert loads["step"] == 0 and np.array_equal(loads["counts"], np.full((2, 4), 7))
+    assert server.rows("SELECT ranks FROM load_parts WHERE job_id = 'j1'") == [("0,1",)]
+
+    def host_bound(s):
+        got = {d["device_id"]: d["metrics"].get("host_bound_ratio")
+               for d in s.api.get("/devices/latest").json()}
+        return got if got.get("node-0/gpu1") is not None else None
+
+    hb = server.wait(host_bound, what="host_bound_ratio in a sample")
+    assert hb["node-0/gpu0"] == 0.25 and hb["node-0/gpu1"] == 0.25
+    assert hb.get("node-0/gpu2") is None and hb.get("node-0/gpu3") is None
+    epoch = server.push_plan("j1", np.array([[0, 1, 2, 3], [3, 2, 1, 0]]))
+    assert next(r1.responses).plan.epoch == epoch
+    assert next(r0.responses).plan.epoch == epoch
     for r in (r0, r1):
         r.outbox.put(pb.RankMessage(plan_report=pb.PlanReport(
-            job_id="j1", epoch=2, state=pb.PLAN_STATE_APPLIED, step=12)))
-    report = ingest.wait_for(lambda s: [m.plan_report for m in s.stored.values()
-                                        if m.WhichOneof("body") == "plan_report"
-                                        and m.plan_report.state == pb.PLAN_STATE_APPLIED])
-    assert (report[0].epoch, report[0].step) == (2, 12) and len(report) == 1
+            job_id="j1", epoch=epoch, state=pb.PLAN_STATE_APPLIED, step=12)))
+    server.wait(lambda s: s.plan("j1", epoch)["status"] == "applied", what="the plan applied")
     r0.close()
     r1.close()
 
@@ -124,15 +122,16 @@ def test_a_rank_of_another_job_is_refused(local_agent):
 def test_each_attaching_rank_is_announced_with_its_device(local_agent):
     """The sim collector already knows node-0/gpu0 and gpu1: a rank attaching to one changes
     only which rank runs it, and the agent still sends a fresh Hello saying so."""
-    ingest, channel = local_agent
+    server, channel = local_agent
 
     def rank_of(device: str):
-        return lambda s: s.hellos and {d.device_id: d.rank for d in s.hellos[-1].devices}.get(device)
+        return lambda s: {d["device_id"]: d["rank"] for d in s.api.get("/devices").json()}.get(device)
 
     r0 = Rank(channel, 0)
-    ingest.wait_for(lambda s: rank_of("node-0/gpu0")(s) == 0)
+    server.wait(lambda s: rank_of("node-0/gpu0")(s) == 0, what="gpu0 announced as rank 0")
     r1 = Rank(channel, 1)
-    ingest.wait_for(lambda s: rank_of("node-0/gpu1")(s) == 1)
-    assert ingest.snapshot(lambda s: [d.rank for d in s.hellos[-1].devices][:2]) == [0, 1]
+    server.wait(lambda s: rank_of("node-0/gpu1")(s) == 1, what="gpu1 announced as rank 1")
+    devices = sorted((d["device_id"], d["rank"]) for d in server.api.get("/devices").json())
+    assert devices[:2] == [("node-0/gpu0", 0), ("node-0/gpu1", 1)]
     r0.close()
     r1.close()

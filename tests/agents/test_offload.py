@@ -98,11 +98,6 @@ def test_decisions_are_deduplicated_and_reports_name_the_rank_device():
         r.report(0, "node-0/gpu0", "j1", pb.OffloadReport(decision_id=0))
 
 
-def stored(store, kind: str) -> list:
-    return [getattr(m, kind) for _, m in sorted(store.stored.items(), key=lambda kv: kv[0][1])
-            if m.WhichOneof("body") == kind]
-
-
 def next_offload(rank: Rank) -> pb.OffloadDecision:
     for control in rank.responses:
         if control.WhichOneof("body") == "offload":
@@ -116,47 +111,41 @@ def agent_args() -> tuple[str, ...]:
     return ("--memory-interval", "0.1")  # for local_agent
 
 
+@pytest.fixture
+def server_args() -> dict:
+    return {"controller": True, "extra": ("--rebalance-mode", "manual")}  # offload decides
+
+
 def test_the_agent_process_carries_profiles_decisions_and_reports(local_agent):
-    ingest, channel = local_agent
+    server, channel = local_agent
     ranks: list[Rank] = []
     try:
         # rank 1 runs a device the sim collector does not know: it is announced in a hello
         ranks = [Rank(channel, 0), Rank(channel, 1, device_id="node-0/cpu1")]
+        server.wait(lambda s: any(d["device_id"] == "node-0/cpu1" and d["kind"] == "rank"
+                                  for d in s.api.get("/devices").json()), what="cpu1 announced")
+        server.api.put("/jobs/j1/offload/policy", json={
+            "mode": "auto", "high_watermark": 0.7, "low_watermark": 0.5}).raise_for_status()
         for step in range(3):
             for r in ranks:
                 r.step(step, np.ones((2, 4), np.int64), profile(used=(10 + step) * GIB))
-        ingest.wait_for(lambda s: any(d.device_id == "node-0/cpu1" and d.kind == "rank"
-                                      for h in s.hellos for d in h.devices))
-        # a message carries the latest profile of each rank that sent one since the last
-        # message (at most one message per interval), so the ranks' step-2 profiles (used
-        # 12 GiB) may arrive in one message or in two
-        def latest_profiles(s):
-            msgs = stored(s, "memory")
-            latest = {d.device_id: d for m in msgs for d in m.devices}
-            done = len(latest) == 2 and all(d.used_bytes == 12 * GIB for d in latest.values())
-            return (msgs, latest) if done else None
 
-        msgs, latest = ingest.wait_for(latest_profiles)
-        assert {(d.device_id, d.rank) for d in latest.values()} == {("node-0/gpu0", 0), ("node-0/cpu1", 1)}
-        assert all(m.job_id == "j1" and m.host_free_bytes > 0 for m in msgs)
-        # a decision for each rank's device; a resend of the first is not forwarded again
-        ingest.send_control(pb.ControlMessage(offload=decision(5, "node-0/cpu1", rank=1)))
-        ingest.send_control(pb.ControlMessage(offload=decision(5, "node-0/cpu1", rank=1)))
-        ingest.send_control(pb.ControlMessage(offload=decision(6, "node-0/cpu1", rank=1)))
-        ingest.send_control(pb.ControlMessage(offload=decision(7, "node-0/gpu0", rank=0)))
-        assert next_offload(ranks[1]).decision_id == 5
-        assert next_offload(ranks[1]).decision_id == 6
-        assert next_offload(ranks[0]).decision_id == 7
+        def latest_profiles(s):
+            got = {d["device_id"]: d for d in s.api.get("/jobs/j1/memory").json()}
+            return got if len(got) == 2 and all(d["used_bytes"] == 12 * GIB for d in got.values()) else None
+
+        latest = server.wait(latest_profiles, what="both ranks' step-2 profiles")
+        assert {(d, v["rank"]) for d, v in latest.items()} == {("node-0/gpu0", 0), ("node-0/cpu1", 1)}
+        # 12 of 16 GiB is above the 0.7 watermark: a decision for each rank's own device
+        got = {i: next_offload(r) for i, r in enumerate(ranks)}
+        assert (got[0].device_id, got[1].device_id) == ("node-0/gpu0", "node-0/cpu1")
         ranks[1].outbox.put(pb.RankMessage(offload_report=pb.OffloadReport(
-            decision_id=6, state=pb.PLAN_STATE_APPLIED, step=3, measured_used_bytes=9 * GIB,
-            measured_saved_bytes=GIB)))
-        reports = ingest.wait_for(lambda s: [r for r in stored(s, "offload_report")
-                                             if r.state == pb.PLAN_STATE_APPLIED])
-        received = ingest.snapshot(lambda s: [r.decision_id for r in stored(s, "offload_report")
-                                              if r.state == pb.PLAN_STATE_RECEIVED])
+            decision_id=got[1].decision_id, state=pb.PLAN_STATE_APPLIED, step=3,
+            measured_used_bytes=9 * GIB, measured_saved_bytes=GIB)))
+        applied = server.wait(lambda s: [d for d in s.api.get("/jobs/j1/offload/decisions").json()
+                                         if d["status"] == "applied"], what="the decision applied")
     finally:
         for r in ranks:
             r.close()
-    assert [(r.job_id, r.decision_id, r.device_id, r.measured_saved_bytes) for r in reports] == [
-        ("j1", 6, "node-0/cpu1", GIB)]
-    assert received == [5, 6, 7]
+    assert [(d["decision_id"], d["device_id"], d["rank"]) for d in applied] == [
+        (got[1].decision_id, "node-0/cpu1", 1)]

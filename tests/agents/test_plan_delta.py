@@ -1,6 +1,6 @@
-"""Plan deltas through a real agent process: the control plane sends a plan that changes K slots
-as O(K) bytes against the plan the stream delivered last; the agent rebuilds the full placement
-for its ranks (NodeLocal carries full plans), and reports a delta it cannot rebuild as FAILED."""
+"""Plan deltas: the control plane sends a plan that changes K slots as O(K) bytes against the
+plan the stream delivered last; the agent rebuilds the full placement for its ranks (NodeLocal
+carries full plans), and never applies a delta it cannot rebuild."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import grpc
 import httpx
 import numpy as np
 
+from moeplane.agents.spool import Spool
+from moeplane.agents.uplink import Uplink, UplinkOptions
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 from moeplane.controlplane.wire.arrays import decode_array
 from moeplane.controlplane.wire.plan_codec import delta_plan, full_plan
-from tests.agents.fake_ingest import FakeIngest
 from tests.agents.procs import start_agent, stop, wait_path
 from tests.agents.test_local_endpoint import Rank
 from tests.controlplane.serverthread import running_server
@@ -39,53 +40,29 @@ def placement(plan: pb.PlacementPlan) -> np.ndarray:
     return decode_array(plan.phy2log, "plan.phy2log", ndim=2, kinds="iu")
 
 
-def attached(ingest: FakeIngest, *ranks: int) -> None:
-    """Until the agent announced every rank in ``ranks`` as attached (its device in a Hello carries the rank).
-    ``Hello.ranks`` does not say it: it lists the ranks the agent was configured with."""
-    ingest.wait_for(lambda s: any({d.rank for d in h.devices} >= set(ranks)
-                                  and h.job.layers == 4 for h in s.hellos))
+def uplink(tmp_path) -> tuple[Uplink, list, list]:
+    """The agent's uplink, not connected: plans handed to it as they would come off a stream."""
+    controls: list[pb.ControlMessage] = []
+    failed: list[tuple[pb.PlacementPlan, str]] = []
+    up = Uplink(Spool(tmp_path / "spool"), UplinkOptions(), hello=pb.Hello, on_control=controls.append,
+                on_plan_failed=lambda plan, error: failed.append((plan, error)))
+    return up, controls, failed
 
 
-def plan_reports(ingest: FakeIngest, state: int):
-    return ingest.wait_for(lambda s: [m.plan_report for m in s.stored.values()
-                                      if m.WhichOneof("body") == "plan_report"
-                                      and m.plan_report.state == state])
-
-
-def test_delta_with_an_unknown_base_is_reported_failed_and_never_reaches_the_ranks(local_agent):
-    ingest, channel = local_agent
-    r0, r1 = Rank(channel, 0, JOB), Rank(channel, 1, JOB)
-    attached(ingest, 0, 1)  # else a rank attaching late gets only the latest plan
-    orphan = delta_plan(full_plan("j1", 6, P2, 16, 0), P2, 5, P1)  # this stream never got epoch 5
-    ingest.send_plan(orphan)
-    failed = plan_reports(ingest, pb.PLAN_STATE_FAILED)
-    assert (failed[0].job_id, failed[0].epoch) == ("j1", 6)
-    assert "base_epoch 5" in failed[0].error and "node-0" in failed[0].error
-    # the stream goes on: a full plan, then a delta against it, reach the ranks in full
-    ingest.send_plan(full_plan("j1", 7, P1, 16, 0))
-    ingest.send_plan(delta_plan(full_plan("j1", 8, P3, 16, 0), P3, 7, P1))
-    for r in (r0, r1):
-        got = [next(r.responses).plan for _ in range(2)]
-        assert [p.epoch for p in got] == [7, 8]  # epoch 6 never reached a rank
-        np.testing.assert_array_equal(placement(got[0]), P1)
-        np.testing.assert_array_equal(placement(got[1]), P3)
-    ingest.wait_for(lambda s: {m.plan_report.epoch for m in s.stored.values()
-                               if m.WhichOneof("body") == "plan_report"
-                               and m.plan_report.state == pb.PLAN_STATE_RECEIVED} == {7, 8})
-    r0.close()
-    r1.close()
-
-
-def test_a_reconnected_stream_does_not_take_a_delta_against_the_previous_stream(local_agent):
-    ingest, channel = local_agent
-    ingest.wait_for(lambda s: s.connects >= 1 and len(ingest._streams) == 1)
-    ingest.send_plan(full_plan("j1", 3, P1, 16, 0))
-    plan_reports(ingest, pb.PLAN_STATE_RECEIVED)
-    ingest.drop_connections()
-    ingest.wait_for(lambda s: s.connects >= 2 and len(ingest._streams) == 1)  # the new stream is open
-    ingest.send_plan(delta_plan(full_plan("j1", 4, P2, 16, 0), P2, 3, P1))
-    failed = plan_reports(ingest, pb.PLAN_STATE_FAILED)
-    assert failed[0].epoch == 4 and "base_epoch 3" in failed[0].error and "holds no plan" in failed[0].error
+def test_a_delta_whose_base_the_stream_did_not_deliver_is_failed_and_the_stream_goes_on(tmp_path):
+    """A control plane sends a delta only against what the same stream delivered last; one
+    against anything else (a reconnect, a lost base) is never applied."""
+    up, controls, failed = uplink(tmp_path)
+    up._on_plan(delta_plan(full_plan("j1", 6, P2, 16, 0), P2, 5, P1))  # no epoch 5 here
+    assert controls == [] and failed[0][0].epoch == 6
+    assert "base_epoch 5" in failed[0][1] and "no plan" in failed[0][1]
+    up._on_plan(full_plan("j1", 7, P1, 16, 0))
+    up._on_plan(delta_plan(full_plan("j1", 8, P3, 16, 0), P3, 7, P1))
+    assert [c.plan.epoch for c in controls] == [7, 8]  # epoch 6 never reached the ranks
+    np.testing.assert_array_equal(placement(controls[0].plan), P1)
+    np.testing.assert_array_equal(placement(controls[1].plan), P3)  # rebuilt in full
+    up._on_plan(delta_plan(full_plan("j1", 9, P2, 16, 0), P2, 7, P1))  # against an older epoch
+    assert failed[-1][0].epoch == 9 and "base_epoch 7" in failed[-1][1]
 
 
 def test_serve_sends_the_second_plan_as_a_delta_and_a_reconnect_in_full(database_url, tmp_path):
@@ -147,13 +124,13 @@ def test_serve_sends_the_second_plan_as_a_delta_and_a_reconnect_in_full(database
 
 
 def test_ranks_get_full_plans_in_a_narrow_dtype_and_accept_it(local_agent):
-    ingest, channel = local_agent
-    r0 = Rank(channel, 0, JOB)
-    attached(ingest, 0)
-    plan = full_plan("j1", 2, P1, 16, 0)
-    assert plan.phy2log.dtype == "uint8"
-    ingest.send_plan(plan)
-    got = next(r0.responses).plan
-    assert got.phy2log.dtype == "uint8"
-    np.testing.assert_array_equal(placement(got), P1)
+    server, channel = local_agent
+    r0, r1 = Rank(channel, 0, JOB), Rank(channel, 1, JOB)
+    server.wait(lambda s: s.api.get("/jobs/j1").json().get("world_size") == 2, what="job geometry")
+    epoch = server.push_plan("j1", P1)
+    for r in (r0, r1):
+        got = next(r.responses).plan
+        assert got.epoch == epoch and got.phy2log.dtype == "uint8"  # 16 experts fit in uint8
+        np.testing.assert_array_equal(placement(got), P1)
     r0.close()
+    r1.close()
