@@ -4,47 +4,22 @@ without a live placement change at step 10; each rank holds only its slots' expe
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-from tests.conftest import free_port
 from tests.hf_ep import ep_worker
+from tests.hf_ep.ranks import run_ranks
 
-pytest.importorskip("transformers")
-pytestmark = [pytest.mark.torch, pytest.mark.slow]
+pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(900)]  # a loaded 2-core box
 WORLD = 4
-ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = ["qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss"]
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("hf_ep")
-    port = free_port()
-    procs = []
-    for rank in range(WORLD):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tests.hf_ep.ep_worker", str(out), ",".join(FAMILIES)],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = []
-    for proc in procs:
-        try:
-            logs.append(proc.communicate(timeout=280)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
-    for rank, proc in enumerate(procs):
-        assert proc.returncode == 0, f"rank {rank} failed:\n{logs[rank]}"
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return run_ranks("tests.hf_ep.ep_worker", tmp_path_factory.mktemp("hf_ep"), WORLD,
+                     ",".join(FAMILIES))
 
 
 def gathered(ranks: list[dict], family: str, run: str) -> dict:
