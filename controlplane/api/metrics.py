@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from moeplane.controlplane.api.rl_metrics import RLCollector
 from moeplane.controlplane.store import queries as q
 from moeplane.controlplane.store import tables as t
 from moeplane.controlplane.store.placements import PlacementSource
@@ -127,6 +128,7 @@ def registry_for(state) -> CollectorRegistry:
     if reg is None:
         reg = CollectorRegistry(auto_describe=False)
         reg.register(ClusterCollector(state))
+        reg.register(RLCollector(state))
         state.metrics_registry = reg
     return reg
 

@@ -209,3 +209,19 @@ def _device_step(own: Spans, lo, hi, gen_all, train_all, sync_all, switch_all, o
         take = left_over & hit
         cause[si, di, CAUSES.index(name)] += width[take].sum()
         left_over &= ~take
+
+
+def step_black_hole_fractions(report: IdleReport) -> np.ndarray:
+    """float64 [S]: idle device-seconds / device-seconds of each step (NaN: no device)."""
+    device_s = report.wall * report.present.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(device_s > 0, report.idle.sum(axis=1) / device_s, np.nan)
+
+
+def black_hole_alert(fractions: np.ndarray, threshold: float, steps: int) -> bool:
+    """The alert condition: each of the last ``steps`` steps' black-hole fraction (``fractions``
+    [S], oldest first) is above ``threshold``."""
+    if steps < 1:
+        raise ValueError(f"steps: must be >= 1, got {steps}")
+    last = fractions[-steps:]
+    return bool(last.size == steps and np.all(last > threshold))

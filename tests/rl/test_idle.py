@@ -76,3 +76,13 @@ def test_job_level_timers_are_not_devices():
 def test_empty_input():
     rep = idle.analyze(_spans([(0, 0, "hybrid", "generate", 0, 1)]).take(np.zeros(1, dtype=bool)))
     assert rep.steps.size == 0 and rep.summary()["black_hole_fraction"] == 0.0
+
+
+def test_black_hole_alert_needs_n_steps_in_a_row_above_the_threshold():
+    f = np.array([0.5, 0.1, 0.4, 0.5, 0.6])
+    assert idle.black_hole_alert(f, 0.3, 3) and not idle.black_hole_alert(f, 0.3, 4)
+    assert not idle.black_hole_alert(f[:2], 0.05, 3)  # too few steps yet
+    with pytest.raises(ValueError, match="steps"):
+        idle.black_hole_alert(f, 0.3, 0)
+    rep = idle.analyze(_spans([(0, 0, "hybrid", "generate", 0, 4), (0, 1, "hybrid", "generate", 0, 10)]))
+    np.testing.assert_allclose(idle.step_black_hole_fractions(rep), [6.0 / 20.0])

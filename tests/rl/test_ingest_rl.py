@@ -85,6 +85,11 @@ def test_spans_syncs_batches_stored_once_and_read_back(database_url):
             assert all(e["dur"] >= 0 and e["pid"] == 1 and e["tid"] == e["args"]["rank"] for e in events)
             names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
             assert names == {"node-0"}
+            # /metrics: per job, over the complete steps (step 1, the newest, may still be arriving)
+            text = httpx.get(f"http://127.0.0.1:{srv['http_port']}/metrics").text
+            assert 'moeplane_rl_idle_seconds{cause="generation_tail",job_id="job-1"} 5.0' in text
+            assert 'moeplane_rl_black_hole_fraction{job_id="job-1"}' in text
+            assert 'moeplane_rl_black_hole_alert{job_id="job-1"} 0.0' in text
             # bad ranges and unknown jobs are 4xx
             assert api.get("/spans", params={"step_start": 5, "step_end": 5}).status_code == 422
             assert api.get("/spans", params={"step_start": -1}).status_code == 422
