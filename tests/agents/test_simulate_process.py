@@ -1,4 +1,5 @@
-"""Two agents and ``moeplane simulate`` as real processes, against the fake control plane."""
+"""Two agents and ``moeplane simulate`` as real processes, against a real control plane
+(``moeplane serve`` on SQLite)."""
 
 from __future__ import annotations
 
@@ -6,21 +7,24 @@ import numpy as np
 import pytest
 
 from moeplane.controlplane.procs import Proc
-from moeplane.controlplane.wire import moeplane_pb2 as pb
-from moeplane.controlplane.wire.arrays import decode_array, encode_array
-from tests.agents.fake_ingest import FakeIngest
 from tests.agents.procs import start_agent, stop_all, wait_path
 from tests.agents.procs import start_simulate as start_sim_process
-from tests.conftest import free_port
+from tests.agents.server import Server
 
 L, E, K, TOKENS, G = 2, 8, 2, 64, 2
 
 
 @pytest.fixture
-def ingest():
-    server = FakeIngest(free_port()).start()
-    yield server
-    server.stop()
+def server(tmp_path):
+    srv = Server(tmp_path).start()
+    yield srv
+    srv.close()
+
+
+def parts(server: Server) -> list[tuple[int, str, str, str]]:
+    """(step, node, ranks, missing ranks) of every stored load part of job j1."""
+    return server.rows("SELECT step, node_id, ranks, missing_ranks FROM load_parts "
+                       "WHERE job_id = 'j1' ORDER BY step, node_id")
 
 
 def start_simulate(tmp_path, *extra: str) -> Proc:
@@ -31,15 +35,9 @@ def start_simulate(tmp_path, *extra: str) -> Proc:
         "--agent-socket-template", str(tmp_path / "{node}.sock"), *extra)
 
 
-def plan_reports(store, state):
-    return sorted((node, m.plan_report.epoch, m.plan_report.step)
-                  for (node, _), m in store.stored.items()
-                  if m.WhichOneof("body") == "plan_report" and m.plan_report.state == state)
-
-
 def test_simulated_job_reports_per_node_loads_and_applies_a_plan_on_every_rank(
-        ingest, tmp_path):
-    agents = [start_agent(tmp_path, ingest.port, f"node-{i}", "--job-id", "j1",
+        server, tmp_path):
+    agents = [start_agent(tmp_path, server.port, f"node-{i}", "--job-id", "j1",
                           "--ranks", f"{i * G}-{i * G + G - 1}", "--step-deadline", "5")
               for i in range(2)]
     sim = None
@@ -47,64 +45,56 @@ def test_simulated_job_reports_per_node_loads_and_applies_a_plan_on_every_rank(
         for i, a in enumerate(agents):
             wait_path(tmp_path / f"node-{i}.sock", a)
         sim = start_simulate(tmp_path)
-        ingest.wait_for(lambda s: len(s.loads) >= 2 * 5)
+        server.wait(lambda s: len(parts(s)) >= 2 * 5, what="5 steps of both nodes")
+        # the job shape reached the control plane in a hello (mid-stream once ranks attached)
+        job = server.api.get("/jobs/j1").json()
+        assert (job["layers"], job["experts"], job["world_size"]) == (L, E, 2 * G)
         # a plan that moves experts around (a rotation of the identity placement)
-        phy2log = np.tile(np.roll(np.arange(E, dtype=np.int64), 3), (L, 1))
-        ingest.send_plan(pb.PlacementPlan(job_id="j1", epoch=1, phy2log=encode_array(phy2log),
-                                          slots_per_rank=E // (2 * G), not_before_step=8))
-        applied = ingest.wait_for(lambda s: len(plan_reports(s, pb.PLAN_STATE_APPLIED)) == 2
-                                  and plan_reports(s, pb.PLAN_STATE_APPLIED))
-        ingest.wait_for(lambda s: len(s.loads) >= 2 * 20)
+        epoch = server.push_plan("j1", np.tile(np.roll(np.arange(E), 3), (L, 1)))
+        server.wait(lambda s: s.plan("j1", epoch)["status"] == "applied", what="the plan applied")
+        server.wait(lambda s: len(parts(s)) >= 2 * 20, what="20 steps of both nodes")
     finally:
         codes = stop_all(sim, *agents)
     assert codes == [0, 0, 0]
-    store = ingest.store
-    # the job shape reached the control plane in a hello (mid-stream once ranks attached)
-    shapes = {(h.node_id, h.job.layers, h.job.experts, h.job.world_size) for h in store.hellos}
-    assert ("node-0", L, E, 2 * G) in shapes and ("node-1", L, E, 2 * G) in shapes
-    received = plan_reports(store, pb.PLAN_STATE_RECEIVED)
-    assert [(n, e) for n, e, _ in received] == [("node-0", 1), ("node-1", 1)]
-    # both nodes switched at the same step, no earlier than not_before_step
-    assert applied[0][2] == applied[1][2] >= 8
-    steps_by_node = {n: sorted(s for (_, node, s) in store.loads if node == n)
-                     for n in ("node-0", "node-1")}
-    for node, (ranks, steps) in zip(("node-0", "node-1"),
-                                    (([0, 1], steps_by_node["node-0"]),
-                                     ([2, 3], steps_by_node["node-1"])), strict=True):
-        assert steps[:20] == list(range(20)), node
-        for step in steps[:20]:
-            msg = store.loads[("j1", node, step)]
-            assert list(msg.ranks) == ranks and list(msg.missing_ranks) == []
-            counts = decode_array(msg.counts, "counts", shape=(L, E))
-            assert (counts.sum(axis=1) == TOKENS * K * G).all()
-    stats = store.step_stats
+    events = server.api.get(f"/jobs/j1/plans/{epoch}").json()["events"]
+    applied = {e["node_id"]: e["step"] for e in events if e["status"] == "node_applied"}
+    assert set(applied) == {"node-0", "node-1"}
+    assert len(set(applied.values())) == 1  # both nodes switched at the same step
     for step in range(20):
-        rows = [stats[("j1", step, r)] for r in range(2 * G)]
-        assert len({r.step_time_s for r in rows}) == 1  # synchronous ranks: one step time
-        assert all(0 <= r.host_bound_ratio <= 1 and r.tokens == TOKENS for r in rows)
+        assert [p[1:] for p in parts(server) if p[0] == step] == [
+            ("node-0", "0,1", ""), ("node-1", "2,3", "")]
+    loads = {r["step"]: np.array(r["counts"]) for r in server.api.get(
+        "/jobs/j1/loads", params={"limit": 100}).json()}
+    for step in range(20):
+        assert (loads[step].sum(axis=1) == TOKENS * K * 2 * G).all()  # both nodes summed
+    stats = server.api.get("/jobs/j1/steps", params={"limit": 1000}).json()
+    for step in range(20):
+        rows = [r for r in stats if r["step"] == step]
+        assert len(rows) == 2 * G
+        assert len({r["step_time_s"] for r in rows}) == 1  # synchronous ranks: one step time
+        assert all(0 <= r["host_bound_ratio"] <= 1 and r["tokens"] == TOKENS for r in rows)
 
 
-def test_a_rank_that_never_reports_is_listed_missing_after_the_deadline(ingest, tmp_path):
+def test_a_rank_that_never_reports_is_listed_missing_after_the_deadline(server, tmp_path):
     # the agent expects ranks 0-2, the job has only ranks 0-1 on this node
-    agent = start_agent(tmp_path, ingest.port, "node-0", "--job-id", "j1", "--ranks", "0-2",
+    agent = start_agent(tmp_path, server.port, "node-0", "--job-id", "j1", "--ranks", "0-2",
                         "--step-deadline", "0.3")
     sim = None
     try:
         wait_path(tmp_path / "node-0.sock", agent)
         sim = start_simulate(tmp_path, "--steps", "3", "--nodes", "1")
-        ingest.wait_for(lambda s: len(s.loads) >= 1)
+        server.wait(parts, what="a load part")
         sim.popen.wait(30)  # its 3 steps done: it exits by itself
     finally:
         codes = stop_all(sim, agent)
     assert codes == [0, 0]
-    msg = next(iter(ingest.store.loads.values()))
-    assert list(msg.missing_ranks) == [2]
+    assert parts(server)[0][1:] == ("node-0", "0,1", "2")
 
 
 @pytest.mark.slow
 def test_control_plane_outage_during_a_job_loses_no_step_and_stores_each_once(
-        ingest, tmp_path):
-    agents = [start_agent(tmp_path, ingest.port, f"node-{i}", "--job-id", "j1",
+        server, tmp_path):
+    agents = [start_agent(tmp_path, server.port, f"node-{i}", "--job-id", "j1",
                           "--ranks", f"{i * G}-{i * G + G - 1}", "--step-deadline", "5")
               for i in range(2)]
     sim = None
@@ -112,18 +102,20 @@ def test_control_plane_outage_during_a_job_loses_no_step_and_stores_each_once(
         for i, a in enumerate(agents):
             wait_path(tmp_path / f"node-{i}.sock", a)
         sim = start_simulate(tmp_path, "--steps", "40")
-        ingest.wait_for(lambda s: len(s.loads) >= 2 * 5)
-        ingest.stop()
-        before = len(ingest.store.loads)
+        server.wait(lambda s: len(parts(s)) >= 2 * 5, what="5 steps of both nodes")
+        server.stop()
+        before = len(parts(server))
         assert sim.popen.wait(30) == 0  # the job ran on while the control plane was down
-        ingest.start()
-        ingest.wait_for(lambda s: len(s.loads) == 2 * 40 and len(s.step_stats) == 2 * G * 40)
+        server.start()
+        server.wait(lambda s: len(parts(s)) == 2 * 40, what="every step of both nodes")
+        server.wait(lambda s: s.rows("SELECT count(*) FROM step_stats")[0][0] == 2 * G * 40,
+                    what="every rank's step statistics")
     finally:
         codes = stop_all(sim if sim is not None and sim.running() else None, *agents)
     assert codes[1:] == [0, 0]
-    store = ingest.store
     assert before < 2 * 40
-    kinds = [(node, m.WhichOneof("body"), m.loads.step) for (node, _), m in store.stored.items()
-             if m.WhichOneof("body") == "loads"]
-    assert len(kinds) == len(set(kinds)) == 2 * 40  # every step of every node stored once
-    assert sorted({s for (_, _, s) in store.loads}) == list(range(40))
+    stored = parts(server)
+    assert len({(p[0], p[1]) for p in stored}) == len(stored) == 2 * 40  # each step of each node once
+    assert sorted({p[0] for p in stored}) == list(range(40))
+    assert server.rows("SELECT count(*), sum(nodes_reported) FROM expert_loads "
+                       "WHERE job_id = 'j1'") == [(40, 80)]  # every part summed once
