@@ -4,7 +4,7 @@ app with ``a2wsgi.WSGIMiddleware``; Flask then sees ``SCRIPT_NAME=/dashboard`` a
 relative to it, while the browser requests ``requests_pathname_prefix``.
 
 Pages (client-side routing through ``dcc.Location``, no full reloads): ``cluster`` (default),
-``experts``, ``plans``, ``memory``, ``history``.
+``experts``, ``plans``, ``memory``, ``history``, ``rl``.
 
 Plan approval publishes on the bus, which lives on the server's event loop: the server passes
 ``approve`` / ``reject`` (``moeplane.dashboard.actions.executor_plan_actions``: the executor runs on
@@ -26,6 +26,7 @@ from moeplane.dashboard import (
     memory_callbacks,
     pages,
     plan_callbacks,
+    rl_callbacks,
 )
 from moeplane.dashboard.actions import PlanAction, store_reject
 from moeplane.dashboard.plotly_bundle import serve_partial_plotly
@@ -84,6 +85,8 @@ def create_dash(
             return pages.memory_page(interval_ms)
         if slug == "history":
             return pages.history_page()
+        if slug == "rl":
+            return rl_callbacks.page(interval_ms)
         return pages.cluster_page(interval_ms)
 
     cluster_callbacks.register(app, engine)
@@ -91,4 +94,5 @@ def create_dash(
     plan_callbacks.register(app, engine, approve, reject or store_reject(engine), placements)
     memory_callbacks.register(app, engine)
     history_callbacks.register(app, engine)
+    rl_callbacks.register(app, engine)
     return app

@@ -13,7 +13,7 @@ from dash import dcc, html
 from moeplane.dashboard.cluster_views import METRICS
 
 PAGES = (("cluster", "Cluster"), ("experts", "Experts"), ("plans", "Plans"), ("memory", "Memory"),
-         ("history", "History"))
+         ("history", "History"), ("rl", "RL"))
 
 _CARD = {"padding": "6px 10px", "margin": "4px 0", "border": "1px solid #ddd", "borderRadius": "4px"}
 
