@@ -3,13 +3,14 @@
 :func:`attach` finds the model's MoE layers (:mod:`.sites`), hooks them and returns a
 :class:`Watch`. What a hook does in the step: check the routing tensor's dtype and shape
 (metadata, no device work) and append it to a pending list. The pending tensors are folded into
-one device accumulator ``[L, E + 1]`` int64 with a handful of kernels whatever ``L`` is (one
-``cat`` of the ids, one of the layer offsets, a range check, one ``index_add_``: a bincount
-that, unlike ``torch.bincount`` on CUDA, never reads the bin count back to the host). Nothing
+one device accumulator ``[L, E + 2]`` int64 with a handful of kernels whatever ``L`` is (a
+``stack`` of the ids, a ``clamp``, a broadcast add of the layer offsets and one bincount:
+``torch.bincount`` on the CPU, ``index_add_`` on CUDA, where ``torch.bincount`` would read its
+bin count back to the host). Nothing
 in a step waits for the device: the only host copy is the one :meth:`Watch.take` makes (or the
 :class:`~moeplane.agents.sdk.reporter.Reporter`'s background thread makes) per step.
 
-Column ``E`` of the accumulator catches ids outside ``[0, E)``; :meth:`Watch.take` raises
+Columns 0 and ``E + 1`` of the accumulator catch ids below 0 and from ``E`` up; :meth:`Watch.take` raises
 :class:`WatchError` naming the layer's module path when it is not zero (on CUDA with a
 Reporter, the check reads a copy the step after, when it is ready, without waiting for it).
 
@@ -20,8 +21,6 @@ hooks called there are not counted. Gradient accumulation: every micro-batch's f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
@@ -29,13 +28,6 @@ from moeplane.agents.sdk.adapters.sites import Site, WatchError, find_sites
 
 #: pending routing tensors folded into the accumulator once this many are queued
 FOLD_EVERY = 512
-
-
-@dataclass
-class _Chain:
-    """The ``(parent, name, child)`` links from the model down to a hooked module."""
-
-    links: tuple[tuple[nn.Module, str, nn.Module], ...]
 
 
 class Watch:
@@ -57,15 +49,17 @@ class Watch:
         self.sites = sites
         self.layers = [site.path for site in sites]
         self.num_experts = experts.pop()
-        device = _device_of(model)
-        count, width = len(sites), self.num_experts + 1
+        device = self._device = _device_of(model)
+        count, width = len(sites), self.num_experts + 2  # [ids < 0, experts 0..E-1, ids >= E]
         self._acc = torch.zeros(count, width, dtype=torch.int64, device=device)
-        self.counter = self._acc[:, : self.num_experts]
-        self._base = torch.arange(count, dtype=torch.int64, device=device) * width
+        self.counter = self._acc[:, 1 : self.num_experts + 1]
+        self._base = torch.arange(count, dtype=torch.int64, device=device) * width + 1
         self._one = torch.ones(1, dtype=torch.int64, device=device)
         self._pending: list[tuple[int, torch.Tensor]] = []
+        self._rows_cache: dict[tuple[int, ...], torch.Tensor] = {}
         self._overflow_copy: tuple[torch.Tensor, object] | None = None
-        self._chains = [_chain(model, site.hooked_path) for site in sites]
+        links = _links(model, [site.hooked_path for site in sites])
+        self._links, self._link_paths = list(links.values()), list(links)
         self._containers = _containers(model, [site.hooked_path for site in sites])
         self._handles = [site.install(i, self._record) for i, site in enumerate(sites)]
 
@@ -74,28 +68,55 @@ class Watch:
     def _record(self, layer: int, routed: torch.Tensor, kind: str) -> None:
         if torch._C._current_graph_task_id() != -1:
             return  # a forward re-run by activation checkpointing inside backward
-        if routed.device != self._acc.device:
+        if routed.device != self._device:
             raise WatchError(f"{self.sites[layer].hooked_path}: routing tensor on "
-                             f"{routed.device}, counter on {self._acc.device}")
-        if kind == "ids":
-            self._pending.append((layer, routed.detach()))
+                             f"{routed.device}, counter on {self._device}")
+        if kind == "ids":  # integer: never requires grad, kept as is
+            self._pending.append((layer, routed))
             if len(self._pending) >= FOLD_EVERY:
                 self._fold()
         elif kind == "counts":  # [E] tokens per expert
-            self._acc[layer, : self.num_experts] += routed.detach().to(torch.int64)
+            self.counter[layer] += routed.detach().to(torch.int64)
         else:  # "mask": bool [T, E] routing map
-            self._acc[layer, : self.num_experts] += routed.detach().sum(0, dtype=torch.int64)
+            self.counter[layer] += routed.detach().sum(0, dtype=torch.int64)
 
     def _fold(self) -> None:
-        """Add the pending expert ids to the accumulator (device work only)."""
+        """Add the pending expert ids to the accumulator (device work only).
+
+        Key of an id of layer i: ``i * (E + 2) + 1 + clamp(id, -1, E)``, so ids below 0 land in
+        column 0 and ids >= E in column E + 1 of that layer's row. Pending tensors of one size
+        (the usual case: one forward's layers, or micro-batches of one shape) are stacked and
+        offset by broadcasting; otherwise each gets its offset expanded.
+        """
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        ids = torch.cat([t.reshape(-1) for _, t in pending]).to(torch.int64)
-        base = torch.cat([self._base[i].expand(t.numel()) for i, t in pending])
-        valid = (ids >= 0) & (ids < self.num_experts)
-        key = base + torch.where(valid, ids, self.num_experts)
-        self._acc.view(-1).index_add_(0, key, self._one.expand(key.numel()))
+        rows = self._rows(tuple(i for i, _ in pending))  # [n] layer offsets
+        tensors = [t for _, t in pending]
+        if len({t.shape for t in tensors}) == 1:
+            ids = torch.stack(tensors).view(len(tensors), -1).to(torch.int64)
+            key = ids.clamp_(-1, self.num_experts).add_(rows[:, None]).view(-1)
+        else:
+            ids = torch.cat([t.reshape(-1) for t in tensors]).to(torch.int64)
+            offsets = torch.cat([rows[j : j + 1].expand(t.numel())
+                                 for j, t in enumerate(tensors)])
+            key = ids.clamp_(-1, self.num_experts).add_(offsets)
+        flat = self._acc.view(-1)
+        if flat.is_cuda:  # torch.bincount on CUDA reads its bin count back to the host
+            flat.index_add_(0, key, self._one.expand(key.numel()))
+        else:
+            flat += torch.bincount(key, minlength=flat.numel())
+
+    def _rows(self, layers: tuple[int, ...]) -> torch.Tensor:
+        """Device ``[n]`` int64 row offsets of ``layers``, built on the device from
+        ``_base`` (no host copy) once per distinct sequence (steps repeat the same one)."""
+        rows = self._rows_cache.get(layers)
+        if rows is None:
+            if len(self._rows_cache) >= 64:
+                self._rows_cache.clear()
+            rows = torch.cat([self._base[i : i + 1] for i in layers])
+            self._rows_cache[layers] = rows
+        return rows
 
     # ------------------------------------------------------------------ step side
 
@@ -106,22 +127,27 @@ class Watch:
         """
         self._check_layers()
         self._fold()
-        overflow = self._acc[:, self.num_experts]
-        if not overflow.is_cuda:
-            self._raise_overflow(overflow)
+        if not self._acc.is_cuda:
+            self._raise_overflow(self._take_overflow())
             return
         if self._overflow_copy is not None:
             host, event = self._overflow_copy
-            if event.query():
-                self._overflow_copy = None
-                self._raise_overflow(host)
-        if self._overflow_copy is None:
-            host = torch.empty(overflow.shape, dtype=torch.int64, pin_memory=True)
-            host.copy_(overflow, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-            self._overflow_copy = (host, event)
-            overflow.zero_()
+            if not event.query():
+                return  # not copied yet: look again at the next step
+            self._overflow_copy = None
+            self._raise_overflow(host)
+        host = torch.empty((len(self.sites), 2), dtype=torch.int64, pin_memory=True)
+        host.copy_(self._take_overflow(), non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._overflow_copy = (host, event)
+
+    def _take_overflow(self) -> torch.Tensor:
+        """[L, 2] ids < 0 and ids >= E per layer since the last call (device); resets them."""
+        columns = [0, self.num_experts + 1]
+        overflow = self._acc[:, columns]
+        self._acc[:, columns] = 0
+        return overflow
 
     def take(self) -> torch.Tensor:
         """Tokens routed to each expert of each layer since the last take: ``[L, E]`` int64 on
@@ -131,8 +157,8 @@ class Watch:
         self._fold()
         full = self._acc.to("cpu", copy=True)
         self._acc.zero_()
-        self._raise_overflow(full[:, self.num_experts])
-        return full[:, : self.num_experts].contiguous()
+        self._raise_overflow(full[:, 0 :: self.num_experts + 1])
+        return full[:, 1 : self.num_experts + 1].contiguous()
 
     def detach(self) -> None:
         """Remove the hooks; the model is as before :func:`attach`."""
@@ -142,19 +168,24 @@ class Watch:
         self._pending = []
 
     def _raise_overflow(self, overflow: torch.Tensor) -> None:
-        values = overflow.tolist()
+        """``overflow``: [L, 2] host counts of ids < 0 and ids >= E per layer."""
+        if not overflow.any():
+            return
+        values = overflow.sum(1).tolist()
         if any(values):
-            overflow.zero_()
             named = ", ".join(f"{self.sites[i].hooked_path} ({n} ids)"
                               for i, n in enumerate(values) if n)
             raise WatchError(f"expert ids outside [0, {self.num_experts}) in {named}")
 
     def _check_layers(self) -> None:
-        for site, chain in zip(self.sites, self._chains, strict=True):
-            for parent, name, child in chain.links:
-                if parent._modules.get(name) is not child:
-                    raise WatchError(f"{type(self.model).__name__}: MoE layer "
-                                     f"{site.hooked_path} was replaced or removed after attach")
+        """WatchError when a module on the path to a hooked module was replaced or removed, or
+        a container (ModuleList, ...) above one changed its length."""
+        if not all(modules.get(name) is child for modules, name, child in self._links):
+            broken = next(path for path, (modules, name, child)
+                          in zip(self._link_paths, self._links, strict=True)
+                          if modules.get(name) is not child)
+            raise WatchError(f"{type(self.model).__name__}: {broken} was replaced or removed "
+                             "after attach; attach again after changing the MoE layers")
         for path, (container, size) in self._containers.items():
             if len(container) != size:
                 raise WatchError(f"{type(self.model).__name__}: {path or 'the model'} had "
@@ -189,13 +220,18 @@ def _device_of(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _chain(model: nn.Module, path: str) -> _Chain:
-    links, parent = [], model
-    for name in path.split(".") if path else []:
-        child = parent._modules[name]
-        links.append((parent, name, child))
-        parent = child
-    return _Chain(tuple(links))
+def _links(model: nn.Module, paths: list[str]) -> dict[str, tuple[dict, str, nn.Module]]:
+    """Module path -> ``(parent._modules, name, child)`` for every module on the way to each
+    of ``paths``, each once (shared prefixes such as ``model.layers`` are checked once)."""
+    seen: dict[str, tuple[dict, str, nn.Module]] = {}
+    for path in paths:
+        parent, prefix = model, ""
+        for name in path.split("."):
+            prefix = f"{prefix}.{name}" if prefix else name
+            child = parent._modules[name]
+            seen.setdefault(prefix, (parent._modules, name, child))
+            parent = child
+    return seen
 
 
 def _containers(model: nn.Module, paths: list[str]) -> dict[str, tuple[nn.Module, int]]:
