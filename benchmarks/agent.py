@@ -2,7 +2,7 @@
 
 Run from the repository root:
 
-    .venv/bin/python -m benchmarks.agent --seconds 60 --out docs/bench-agent.md
+    .venv/bin/python -m benchmarks.agent --seconds 60
 
 Three processes are measured in the same run, each for ``--seconds`` after a warm-up:
 
@@ -13,8 +13,8 @@ Three processes are measured in the same run, each for ``--seconds`` after a war
   58 layers x 256 experts at one step per second (8 RankStep messages of 58x256 int64 per
   second to aggregate, one ExpertLoads and one StepStats up per step).
 
-The control plane is the tiny grpc.aio ingest of the agent tests (it stores and acknowledges
-every message), in this process. CPU comes from the process's user+system time
+The control plane is a real ``moeplane serve`` on SQLite (dashboard off, controller idle),
+started first. CPU comes from the process's user+system time
 (``psutil.Process.cpu_times``) over the window; RSS is the largest of per-second readings.
 Budget (ARCHITECTURE.md): <= 1 % of one core and <= 80 MB RSS.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -32,8 +33,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.agents.fake_ingest import FakeIngest
-from tests.conftest import free_port
+from moeplane.controlplane.procs import MOEPLANE, start_serve
 
 BASELINE = ("import grpc, numpy, psutil, sqlite3, time; "
             "from moeplane.controlplane.wire import moeplane_pb2, moeplane_pb2_grpc; time.sleep(1e6)")
@@ -64,9 +64,9 @@ def stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def agent_cmd(port: int, tmp: Path) -> list[str]:
-    return [sys.executable, "-m", "moeplane.controlplane.cli.main", "agent", "--node-id", "node-0",
-            "--server", f"127.0.0.1:{port}", "--collector", "sim", "--devices", "8",
+def agent_cmd(server: str, tmp: Path) -> list[str]:
+    return MOEPLANE + ["agent", "--node-id", "node-0",
+            "--server", server, "--collector", "sim", "--devices", "8",
             "--interval", "1", "--spool-dir", str(tmp / "spool"), "--job-id", "bench",
             "--ranks", "0-7", "--local-socket", str(tmp / "node-0.sock"),
             "--log-level", "WARNING"]
@@ -78,35 +78,40 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
-    ingest = FakeIngest(free_port(), sample_interval_s=1.0).start()
     rows = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        base = subprocess.Popen([sys.executable, "-c", BASELINE])
+        db = tmp / "controlplane.sqlite"
+        serve = start_serve(tmp, f"sqlite:///{db}", extra=["--no-dashboard", "--sample-interval", "1"],
+                            env={"MOEPLANE_CONTROLLER_INTERVAL_S": "1e9"})
         try:
-            rows.append(("baseline: python + agent imports, idle",
-                         *measure(base, args.seconds, args.warmup)))
-        finally:
-            stop(base)
-        agent = subprocess.Popen(agent_cmd(ingest.port, tmp))
-        try:
-            rows.append(("agent, telemetry only (8 sim devices, 1 Hz)",
-                         *measure(agent, args.seconds, args.warmup)))
-            sim = subprocess.Popen([
-                sys.executable, "-m", "moeplane.controlplane.cli.main", "simulate", "--job-id", "bench",
-                "--nodes", "1", "--gpus-per-node", "8", "--layers", "58", "--experts", "256",
-                "--top-k", "8", "--tokens-per-step", "4096", "--step-time", "1",
-                "--agent-socket-template", str(tmp / "{node}.sock"), "--log-level", "WARNING"])
+            base = subprocess.Popen([sys.executable, "-c", BASELINE])
             try:
-                rows.append(("agent + job (8 ranks, 58x256 loads, 1 step/s)",
-                             *measure(agent, args.seconds, args.warmup)))
+                rows.append(("baseline: python + agent imports, idle",
+                             *measure(base, args.seconds, args.warmup)))
             finally:
-                stop(sim)
+                stop(base)
+            agent = subprocess.Popen(agent_cmd(serve.grpc, tmp))
+            try:
+                rows.append(("agent, telemetry only (8 sim devices, 1 Hz)",
+                             *measure(agent, args.seconds, args.warmup)))
+                sim = subprocess.Popen(MOEPLANE + [
+                    "simulate", "--job-id", "bench",
+                    "--nodes", "1", "--gpus-per-node", "8", "--layers", "58", "--experts", "256",
+                    "--top-k", "8", "--tokens-per-step", "4096", "--step-time", "1",
+                    "--agent-socket-template", str(tmp / "{node}.sock"), "--log-level", "WARNING"])
+                try:
+                    rows.append(("agent + job (8 ranks, 58x256 loads, 1 step/s)",
+                                 *measure(agent, args.seconds, args.warmup)))
+                finally:
+                    stop(sim)
+            finally:
+                stop(agent)
         finally:
-            stop(agent)
-    stored = ingest.snapshot(lambda s: (
-        sum(m.WhichOneof("body") == "samples" for m in s.stored.values()), len(s.loads)))
-    ingest.stop()
+            serve.stop()
+        with sqlite3.connect(db) as conn:
+            stored = (conn.execute("SELECT count(*) FROM sample_frames").fetchone()[0],
+                      conn.execute("SELECT count(*) FROM load_parts").fetchone()[0])
     base_cpu, base_rss = rows[0][1], rows[0][2]
     lines = [
         "# Node agent footprint",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -110,10 +111,10 @@ def spawn(name: str, argv: list[str], log_dir: Path, *, env: dict[str, str] | No
     return Proc(name, popen, log)
 
 
-def http_ok(url: str, timeout: float = 2.0) -> bool:
+def http_ok(url: str, timeout: float = 2.0, context: ssl.SSLContext | None = None) -> bool:
     """Whether ``GET url`` answers 200 (OSError when nothing answers)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - our own loopback URL
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as r:  # noqa: S310
             return r.status == 200
     except urllib.error.HTTPError as exc:  # an answer other than 2xx: not ready yet
         exc.close()
@@ -123,9 +124,11 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
 def start_serve(log_dir: Path, database_url: str, *, name: str = "serve",
                 http_port: int | None = None, grpc_port: int | None = None,
                 redis_url: str = "", extra: Iterable[str] = (), env: dict[str, str] | None = None,
-                timeout: float = 90.0) -> Proc:
+                tls_ca: Path | None = None, timeout: float = 90.0) -> Proc:
     """Start ``moeplane serve`` on 127.0.0.1 (free ports unless given) and wait until
-    ``/api/v1/health`` answers; stop it and raise if it exits or does not answer in time."""
+    ``/api/v1/health`` answers; stop it and raise if it exits or does not answer in time.
+    ``tls_ca``: the server has TLS flags among ``extra``, with a certificate for ``localhost``
+    that this CA file verifies (``Proc.http`` is then ``https://localhost:PORT``)."""
     http_port = http_port or free_port()
     grpc_port = grpc_port or free_port()
     argv = ["serve", "--database-url", database_url, "--http-port", str(http_port),
@@ -133,11 +136,13 @@ def start_serve(log_dir: Path, database_url: str, *, name: str = "serve",
     if redis_url:
         argv += ["--redis-url", redis_url]
     proc = spawn(name, argv, log_dir, env=env)
-    proc.http, proc.grpc = f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
+    proc.grpc = f"127.0.0.1:{grpc_port}"
+    proc.http = f"https://localhost:{http_port}" if tls_ca else f"http://127.0.0.1:{http_port}"
+    context = ssl.create_default_context(cafile=str(tls_ca)) if tls_ca else None
 
     def healthy() -> bool:
         proc.check_running()
-        return http_ok(proc.http + "/api/v1/health")
+        return http_ok(proc.http + "/api/v1/health", context=context)
 
     try:
         wait_until(healthy, timeout, f"{name} to serve")

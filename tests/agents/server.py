@@ -23,20 +23,21 @@ from tests.procs import wait_until
 
 class Server:
     def __init__(self, tmp: Path, *, sample_interval_s: float = 0.1, extra: tuple[str, ...] = (),
-                 controller: bool = False):
+                 controller: bool = False, health_ca: Path | None = None):
         self.tmp, self.db = tmp, tmp / "controlplane.sqlite"
         self.url = f"sqlite:///{self.db}"
         self.port, self.http_port = free_port(), free_port()
         self.http = f"http://127.0.0.1:{self.http_port}"
         self.argv = ["--no-dashboard", "--sample-interval", str(sample_interval_s), *extra]
         self.env = {} if controller else {"MOEPLANE_CONTROLLER_INTERVAL_S": "1e9"}
+        self.health_ca = health_ca  # TLS: the CA of the server's certificate for localhost
         self.proc: Proc | None = None
         self.api = httpx.Client(base_url=self.http + "/api/v1", timeout=10)
 
     def start(self) -> Server:
         self.proc = track(start_serve(self.tmp, self.url, http_port=self.http_port,
                                       grpc_port=self.port, extra=self.argv,
-                                      env=self.env))
+                                      env=self.env, tls_ca=self.health_ca))
         return self
 
     def stop(self, sig: int = signal.SIGTERM) -> None:

@@ -1,109 +1,37 @@
-"""The agent as a real subprocess against a real (fake) grpc.aio control plane."""
+"""The agent as a real subprocess against a real control plane (``moeplane serve`` on SQLite):
+what it stores, through restarts, pauses and kills of either side."""
 
 from __future__ import annotations
 
+import asyncio
+import shutil
 import signal
+import sqlite3
+import subprocess
 
 import numpy as np
 import pytest
 
+from moeplane.agents.spool import Spool
+from moeplane.agents.uplink import Uplink, UplinkOptions
+from moeplane.controlplane.procs import MOEPLANE, free_port, wait_until
 from moeplane.controlplane.wire import moeplane_pb2 as pb
-from moeplane.controlplane.wire.arrays import decode_array, encode_array
-from tests.agents.fake_ingest import FakeIngest
 from tests.agents.procs import start_agent, stop
-from tests.conftest import free_port
+from tests.agents.server import Server
+from tests.conftest import unavailable
 
 
 @pytest.fixture
-def ingest():
-    server = FakeIngest(free_port()).start()
-    yield server
-    server.stop()
-
-
-def samples_of(store, node="node-0"):
-    return sorted((seq, m.samples) for (n, seq), m in store.stored.items()
-                  if n == node and m.WhichOneof("body") == "samples")
-
-
-def test_hello_then_samples_are_stored_and_acknowledged(ingest, tmp_path):
-    agent = start_agent(tmp_path, ingest.port, "node-0", "--token", "s3cret")
-    try:
-        got = ingest.wait_for(lambda s: len(samples_of(s)) >= 3 and samples_of(s))
-    finally:
-        assert stop(agent) == 0
-    hello = ingest.snapshot(lambda s: s.hellos[0])
-    assert hello.node_id == "node-0"
-    assert [d.device_id for d in hello.devices] == [f"node-0/gpu{i}" for i in range(4)]
-    assert all(d.kind == "sim" and d.memory_total_bytes > 0 for d in hello.devices)
-    assert ingest.snapshot(lambda s: s.metadata[0]["authorization"]) == "Bearer s3cret"
-    seq, first = got[0]
-    values = decode_array(first.values, "values", ndim=2)
-    assert values.shape == (4, len(first.metrics))
-    assert "utilization_ratio" in first.metrics and "memory_used_bytes" in first.metrics
-    util = values[:, list(first.metrics).index("utilization_ratio")]
-    assert ((util >= 0) & (util <= 1)).all()
-    seqs = [s for s, _ in got]
-    assert seqs == sorted(set(seqs)) and seqs[0] > hello_seq(ingest)
-
-
-def hello_seq(ingest):
-    return ingest.snapshot(lambda s: min(seq for (n, seq), m in s.stored.items()
-                                         if m.WhichOneof("body") == "hello"))
-
-
-def test_unacked_messages_are_resent_after_a_dropped_connection_and_stored_once(
-        ingest, tmp_path):
-    agent = start_agent(tmp_path, ingest.port)
-    try:
-        ingest.wait_for(lambda s: len(samples_of(s)) >= 2)
-        ingest.hold_acks = True  # stored, but the agent never hears about it
-        held = ingest.wait_for(lambda s: len(samples_of(s)) >= 6 and samples_of(s))
-        held_seqs = {seq for seq, _ in held}
-        ingest.hold_acks = False
-        ingest.drop_connections()
-        ingest.wait_for(lambda s: s.connects >= 2)
-        ingest.wait_for(lambda s: s.duplicates >= 4)  # unacked ones came back
-        after = ingest.wait_for(lambda s: len(samples_of(s)) >= len(held) + 3 and samples_of(s))
-    finally:
-        assert stop(agent) == 0
-    resent = ingest.snapshot(lambda s: [m.seq for _, m in s.received
-                                        if m.WhichOneof("body") == "samples"])
-    # every held seq arrived at least twice, yet is stored once
-    counts = {seq: resent.count(seq) for seq in held_seqs}
-    assert sum(c >= 2 for c in counts.values()) >= 4
-    stored = [seq for seq, _ in after]
-    assert len(stored) == len(set(stored))
-    # no sample seq was skipped: samples are the only stored kind besides hellos
-    stamps = [m.timestamp for _, m in ingest.snapshot(samples_of)]
-    assert len(set(stamps)) == len(stamps)
-
-
-def test_outage_of_the_control_plane_loses_nothing(ingest, tmp_path):
-    agent = start_agent(tmp_path, ingest.port, interval=0.05)
-    spool = tmp_path / "spool-node-0" / "spool.sqlite"
-    try:
-        ingest.wait_for(lambda s: len(samples_of(s)) >= 2)
-        ingest.stop()
-        outage_from = max(seq for seq, _ in ingest.snapshot(samples_of))
-        # the agent keeps sampling into its spool while nobody listens
-        wait_spool(spool, lambda n: n >= 15)
-        ingest.start()
-        ingest.wait_for(lambda s: len([q for q, _ in samples_of(s) if q > outage_from]) >= 20)
-        wait_spool(spool, lambda n: n == 0)  # everything spooled was acknowledged
-    finally:
-        assert stop(agent) == 0
-    assert ingest.snapshot(lambda s: s.connects) >= 2
-    stored = ingest.snapshot(samples_of)
-    stamps = [m.timestamp for _, m in stored]
-    assert stamps == sorted(stamps), "replayed out of order"
-    assert len(set(stamps)) == len(stamps), "a sample was stored twice under two seqs"
-    assert np.diff(stamps).max() < 1.0, "samples were not taken during the outage"
+def server(tmp_path):
+    srv = Server(tmp_path).start()
+    yield srv
+    srv.close()
 
 
 def spool_count(spool_file) -> int:
-    import sqlite3
-
+    """Messages the agent holds unacknowledged (-1 before its spool exists)."""
+    if not spool_file.exists():
+        return -1
     db = sqlite3.connect(f"file:{spool_file}?mode=ro", uri=True, timeout=5)
     try:
         return db.execute("SELECT count(*) FROM messages").fetchone()[0]
@@ -113,91 +41,148 @@ def spool_count(spool_file) -> int:
         db.close()
 
 
-def wait_spool(spool_file, predicate, timeout: float = 20.0) -> None:
+def wait_spool(spool_file, predicate, timeout: float = 30.0) -> int:
     """Poll the agent's spool file (read-only) until ``predicate(pending count)`` holds."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not (spool_file.exists() and predicate(count := spool_count(spool_file))):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"spool condition not met in {timeout} s")
-        time.sleep(0.05)
-    return count
+    return wait_until(lambda: (n := spool_count(spool_file)) >= 0 and predicate(n) and [n],
+                      timeout, "the agent's spool")[0]
 
 
-def test_kill9_then_restart_resends_unacked_and_keeps_seq_increasing(ingest, tmp_path):
-    agent = start_agent(tmp_path, ingest.port)
+def node_token(server: Server, node: str = "node-0") -> str:
+    """A node token made with ``moeplane token create`` on the server's database."""
+    made = subprocess.run(MOEPLANE + ["token", "create", "--node", node, "--database-url",
+                                      server.url], capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip()
+
+
+def test_hello_then_samples_are_stored_with_the_agents_token(tmp_path):
+    server = Server(tmp_path, extra=("--auth",))
+    token = node_token(server)
+    server.start()
+    agent = start_agent(tmp_path, server.port, "node-0", "--token", token)
     try:
-        ingest.wait_for(lambda s: len(samples_of(s)) >= 2)
-        ingest.hold_acks = True
-        held = ingest.wait_for(lambda s: len(samples_of(s)) >= 5 and samples_of(s))
+        got = server.wait(lambda s: len(s.samples()) >= 3 and s.samples(), what="3 sample rounds")
+    finally:
+        assert stop(agent) == 0
+        server.close()
+    devices = server.rows("SELECT device_id, kind, memory_total_bytes FROM devices "
+                          "WHERE node_id = 'node-0' ORDER BY device_id")
+    assert [d for d, _, _ in devices] == [f"node-0/gpu{i}" for i in range(4)]
+    assert all(kind == "sim" and total > 0 for _, kind, total in devices)
+    _, metrics, values = got[0]
+    assert values.shape == (4, len(metrics))
+    assert "utilization_ratio" in metrics and "memory_used_bytes" in metrics
+    util = values[:, metrics.index("utilization_ratio")]
+    assert ((util >= 0) & (util <= 1)).all()
+
+
+def test_a_token_from_the_environment_is_accepted(tmp_path):
+    server = Server(tmp_path, extra=("--auth",))
+    token = node_token(server)
+    server.start()
+    agent = start_agent(tmp_path, server.port, "node-0", env={"MOEPLANE_AGENT_TOKEN": token})
+    try:
+        server.wait(lambda s: s.samples(), what="a sample round")
+    finally:
+        assert stop(agent) == 0
+        server.close()
+
+
+def assert_every_round_once(server: Server, interval: float) -> None:
+    stamps = [ts for ts, _, _ in server.samples()]
+    assert stamps == sorted(stamps), "replayed out of order"
+    assert len(set(stamps)) == len(stamps), "a sample round was stored twice"
+    assert np.diff(stamps).max() < 10 * interval, "sample rounds are missing"
+
+
+def test_a_crashed_control_plane_gets_every_unacknowledged_message_once(server, tmp_path):
+    """Paused (nothing acknowledged), then killed and started again on the same database: the
+    agent resends what it holds, the control plane stores each sample round once."""
+    agent = start_agent(tmp_path, server.port, interval=0.05)
+    spool = tmp_path / "spool-node-0" / "spool.sqlite"
+    try:
+        server.wait(lambda s: len(s.samples()) >= 2, what="2 sample rounds")
+        server.proc.popen.send_signal(signal.SIGSTOP)
+        wait_spool(spool, lambda n: n >= 10)  # sampled on, nothing acknowledged
+        server.proc.popen.send_signal(signal.SIGCONT)  # so that SIGKILL finds it running
+        server.stop(signal.SIGKILL)
+        held = max(server.seqs())
+        server.start()
+        server.wait(lambda s: max(s.seqs()) >= held + 20, what="messages past the crash")
+        wait_spool(spool, lambda n: n < 5)  # what was held got acknowledged
+    finally:
+        assert stop(agent) == 0
+    assert_every_round_once(server, 0.05)
+
+
+def test_outage_of_the_control_plane_loses_nothing(server, tmp_path):
+    agent = start_agent(tmp_path, server.port, interval=0.05)
+    spool = tmp_path / "spool-node-0" / "spool.sqlite"
+    try:
+        server.wait(lambda s: len(s.samples()) >= 2, what="2 sample rounds")
+        server.stop()
+        outage_from = server.samples()[-1][0]
+        wait_spool(spool, lambda n: n >= 15)  # the agent keeps sampling while nobody listens
+        server.start()
+        server.wait(lambda s: sum(ts > outage_from for ts, _, _ in s.samples()) >= 20,
+                    what="rounds sampled during the outage")
+        wait_spool(spool, lambda n: n < 5)
+    finally:
+        assert stop(agent) == 0
+    assert_every_round_once(server, 0.05)
+
+
+def test_kill9_then_restart_keeps_seq_increasing(server, tmp_path):
+    agent = start_agent(tmp_path, server.port)
+    try:
+        server.wait(lambda s: len(s.samples()) >= 3, what="3 sample rounds")
         stop(agent, signal.SIGKILL)
-        max_before = ingest.snapshot(lambda s: max(seq for (_, seq) in s.stored))
-        ingest.hold_acks = False
-        agent = start_agent(tmp_path, ingest.port)
-        ingest.wait_for(lambda s: s.connects >= 2)
-        ingest.wait_for(lambda s: max(seq for (_, seq) in s.stored) > max_before + 3)
+        before = max(server.seqs())
+        killed_at = server.samples()[-1][0]
+        agent = start_agent(tmp_path, server.port)
+        # a counter that restarted would send seqs the control plane holds: acked as resends,
+        # never stored
+        server.wait(lambda s: sum(ts > killed_at for ts, _, _ in s.samples()) >= 3,
+                    what="rounds after the restart stored")
     finally:
         assert stop(agent) == 0
-    hellos = ingest.snapshot(lambda s: sorted(seq for (_, seq), m in s.stored.items()
-                                             if m.WhichOneof("body") == "hello"))
-    assert hellos[1] > max(seq for seq, _ in held)  # the counter survived kill -9
-    dups = ingest.snapshot(lambda s: s.duplicates)
-    assert dups >= 1  # the held (stored but unacked) samples were resent ...
-    stored = ingest.snapshot(samples_of)
-    assert len({seq for seq, _ in stored}) == len(stored)  # ... and stored once
+    assert max(server.seqs()) > before
+    assert_every_round_once(server, 1.0)
 
 
-def test_rejected_messages_are_not_resent(ingest, tmp_path):
-    rejected: list[int] = []
-
-    def reject(msg):
-        if msg.WhichOneof("body") == "samples" and not rejected:
-            rejected.append(msg.seq)
-            return "samples.values: rejected by the test"
-        return None
-
-    ingest.reject = reject
-    agent = start_agent(tmp_path, ingest.port)
+def test_spool_lost_agent_renumbers_past_what_the_control_plane_stored(server, tmp_path):
+    agent = start_agent(tmp_path, server.port)
     try:
-        ingest.wait_for(lambda s: len(samples_of(s)) >= 2)
-        ingest.drop_connections()
-        ingest.wait_for(lambda s: s.connects >= 2)
-        ingest.wait_for(lambda s: len(samples_of(s)) >= 5)
+        server.wait(lambda s: len(s.samples()) >= 3, what="3 sample rounds")
     finally:
         assert stop(agent) == 0
-    sends = ingest.snapshot(lambda s: [m.seq for _, m in s.received if m.seq == rejected[0]])
-    assert sends == [rejected[0]]
-
-
-def test_not_stored_internal_error_is_retried_on_the_same_stream(ingest, tmp_path):
-    failed: list[int] = []
-
-    def fail_once(msg):
-        if msg.WhichOneof("body") == "samples" and not failed:
-            failed.append(msg.seq)
-            return (13, "not stored: OperationalError")
-        return None
-
-    ingest.reject = fail_once
-    agent = start_agent(tmp_path, ingest.port)
+    stored, rounds = max(server.seqs()), len(server.samples())
+    shutil.rmtree(tmp_path / "spool-node-0")  # the node lost its disk
+    agent = start_agent(tmp_path, server.port)
     try:
-        ingest.wait_for(lambda s: failed and ("node-0", failed[0]) in s.stored)
+        server.wait(lambda s: len(s.samples()) >= rounds + 3, what="rounds of the new spool")
     finally:
         assert stop(agent) == 0
-    assert ingest.snapshot(lambda s: s.connects) == 1
-    sends = ingest.snapshot(lambda s: [m.seq for _, m in s.received if m.seq == failed[0]])
-    assert sends == [failed[0], failed[0]]
+    assert min(s for s in server.seqs() if s > stored) > stored
 
 
-def test_spool_lost_agent_renumbers_past_what_the_control_plane_stored(ingest, tmp_path):
-    ingest.resume_after_seq = 10_000  # this node wrote seqs up to 10000 in a former life
-    agent = start_agent(tmp_path, ingest.port)
-    try:
-        got = ingest.wait_for(lambda s: len(samples_of(s)) >= 3 and samples_of(s))
-    finally:
-        assert stop(agent) == 0
-    assert min(seq for seq, _ in got) > 10_000
+def test_acks_final_or_retried(tmp_path):
+    """An ack with a final code (stored, or refused for good) drops the message from the spool;
+    any other (INTERNAL: the store failed) keeps it and sends it again on the same stream."""
+
+    async def scenario():
+        spool = Spool(tmp_path / "spool")
+        up = Uplink(spool, UplinkOptions(retry_after_s=0.01), hello=pb.Hello, on_control=list.append)
+        seqs = [spool.append(pb.AgentMessage(samples=pb.DeviceSamples())) for _ in range(3)]
+        up._on_ack(pb.Ack(seq=seqs[0], code=3, message="samples.values: refused"))
+        up._on_ack(pb.Ack(seq=seqs[1], code=13, message="not stored: OperationalError"))
+        up._on_ack(pb.Ack(seq=seqs[2], code=0))
+        up.wakeup.clear()
+        await asyncio.wait_for(up.wakeup.wait(), 5)  # the retry, after retry_after_s
+        return [s for s, _ in spool.pending()], up._retry, up.rejected
+
+    pending, retry, rejected = asyncio.run(scenario())
+    assert len(pending) == 1 and retry == set(pending) and rejected == 1
 
 
 def test_sigint_exits_cleanly_while_disconnected(tmp_path):
@@ -209,79 +194,51 @@ def test_sigint_exits_cleanly_while_disconnected(tmp_path):
     assert code == 0
 
 
-def test_plan_from_the_control_plane_reaches_a_report(ingest, tmp_path):
-    agent = start_agent(tmp_path, ingest.port, "node-0", "--job-id", "j1",
-                        env={"MOEPLANE_AGENT_TOKEN": "from-env"})
-    try:
-        ingest.wait_for(lambda s: s.connects >= 1 and len(samples_of(s)) >= 1)
-        assert ingest.snapshot(lambda s: s.metadata[0]["authorization"]) == "Bearer from-env"
-        plan = pb.PlacementPlan(job_id="j1", epoch=3, slots_per_rank=1, not_before_step=5,
-                                phy2log=encode_array(np.array([[0, 1], [1, 0]], np.uint8)))
-        ingest.send_plan(plan)
-        report = ingest.wait_for(lambda s: [m.plan_report for _, m in s.stored.items()
-                                            if m.WhichOneof("body") == "plan_report"])
-    finally:
-        assert stop(agent) == 0
-    assert (report[0].job_id, report[0].epoch, report[0].state) == (
-        "j1", 3, pb.PLAN_STATE_RECEIVED)
-
-
 def test_tls_with_a_private_ca_and_the_token(tmp_path):
-    import subprocess
-
+    if shutil.which("openssl") is None:
+        unavailable("openssl", "not on PATH")
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                     "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    server = FakeIngest(free_port(), tls=(key.read_bytes(), cert.read_bytes())).start()
+    server = Server(tmp_path, extra=("--auth", "--tls-cert", str(cert), "--tls-key", str(key)),
+                    health_ca=cert)
+    token = node_token(server)
+    server.start()
     agent = start_agent(tmp_path, server.port, "node-0", "--tls", "--tls-ca", str(cert),
-                        "--token", "t0k", host="localhost")  # the name in the certificate
+                        "--token", token, host="localhost")  # the name in the certificate
     try:
-        got = server.wait_for(lambda s: len(samples_of(s)) >= 2 and samples_of(s))
+        server.wait(lambda s: len(s.samples()) >= 2, what="2 sample rounds over TLS")
     finally:
         assert stop(agent) == 0
-        server.stop()
-    assert got and server.snapshot(lambda s: s.metadata[0]["authorization"]) == "Bearer t0k"
+        server.close()
 
 
 def test_a_full_spool_drops_oldest_samples_and_reports_the_count(tmp_path):
-    port = free_port()
+    server = Server(tmp_path)
     spool = tmp_path / "spool-node-0" / "spool.sqlite"
     # ~2 KB of spool: a handful of sample rounds; nobody listens yet
-    agent = start_agent(tmp_path, port, "node-0", "--spool-max-mb", "0.002", interval=0.05)
-    server = None
+    agent = start_agent(tmp_path, server.port, "node-0", "--spool-max-mb", "0.002",
+                        interval=0.05)
     try:
         wait_spool(spool, lambda n: n >= 3)
         dropped_rounds = 20  # sample rounds dropped while the control plane is away
-        wait_dropped(spool, dropped_rounds)
-        server = FakeIngest(port).start()
-        got = server.wait_for(lambda s: [m.samples for m in s.stored.values()
-                                         if m.WhichOneof("body") == "samples"
-                                         and "agent_spool_dropped_total" in m.samples.metrics])
+        wait_until(lambda: dropped(spool) >= dropped_rounds, 30, "rounds dropped from the spool")
+        server.start()
+        got = server.wait(lambda s: [(m, v) for _, m, v in s.samples()
+                                     if "agent_spool_dropped_total" in m], what="the drop count")
     finally:
         assert stop(agent) == 0
-        if server is not None:
-            server.stop()
-    first = got[0]
-    col = list(first.metrics).index("agent_spool_dropped_total")
-    dropped = decode_array(first.values, "v")[:, col]
-    assert (dropped >= dropped_rounds).all()
-    assert server.snapshot(lambda s: len(samples_of(s))) < dropped_rounds
+        server.close()
+    metrics, values = got[0]
+    assert (values[:, metrics.index("agent_spool_dropped_total")] >= dropped_rounds).all()
+    assert len(server.samples()) < dropped_rounds
 
 
-def wait_dropped(spool_file, n: int, timeout: float = 20.0) -> None:
-    import sqlite3
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        db = sqlite3.connect(f"file:{spool_file}?mode=ro", uri=True, timeout=5)
-        try:
-            row = db.execute("SELECT value FROM meta WHERE key = 'dropped_samples'").fetchone()
-        finally:
-            db.close()
-        if row and row[0] >= n:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"spool dropped {row} < {n} samples")
-        time.sleep(0.05)
+def dropped(spool_file) -> int:
+    db = sqlite3.connect(f"file:{spool_file}?mode=ro", uri=True, timeout=5)
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key = 'dropped_samples'").fetchone()
+    finally:
+        db.close()
+    return row[0] if row else 0
