@@ -19,6 +19,11 @@ rank cannot rerun alone). ``--memory-capacity-mb`` sets the capacity a CPU rank 
 
 Without an agent, ``--rebalance-every N`` plans locally (the same greedy on every rank, from the
 loads of the last N steps summed over ranks) and applies through the same applier.
+
+``--steps 0`` trains until the process is stopped (``moeplane demo`` runs it so, beside the
+simulated job); ``--max-steps-per-s`` paces it to leave the machine's cores to others (the
+pause between steps is not counted in the reported step time); ``--first-step`` continues a
+job's step numbering after a restart.
 """
 
 from __future__ import annotations
@@ -37,14 +42,19 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from moeplane.agents.sdk.applier import PlanApplier
-from moeplane.agents.sdk.memory.runner import MemoryOffload
-from moeplane.agents.sdk.moe import ExpertParallelMoE, attach_counter, moe_blocks, sync_gradients
 from moeplane.controlplane.balancing import balancedness, plan_placement
-from moeplane.agents.sdk.reporter import Reporter
 from moeplane.controlplane.balancing.placement import identity_placement
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 from moeplane.controlplane.wire.arrays import encode_array
+from moeplane.torch import (
+    ExpertParallelMoE,
+    MemoryOffload,
+    PlanApplier,
+    Reporter,
+    attach_counter,
+    moe_blocks,
+    sync_gradients,
+)
 
 log = logging.getLogger("train_moe")
 
@@ -104,7 +114,11 @@ def stdlib_bytes(limit: int) -> torch.Tensor:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--steps", type=int, default=200, help="steps to train (0: until stopped)")
+    p.add_argument("--first-step", type=int, default=0,
+                   help="number of the first step (to continue a job after a restart)")
+    p.add_argument("--max-steps-per-s", type=float, default=0.0,
+                   help="pause between steps to train at most this fast (0: no pause)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--experts", type=int, default=16)
     p.add_argument("--top-k", type=int, default=2)
@@ -120,6 +134,8 @@ def parse_args(argv=None):
     p.add_argument("--data-bytes", type=int, default=4 << 20)
     p.add_argument("--agent-socket", default="", help="node agent Unix socket (none: standalone)")
     p.add_argument("--job-id", default="train-moe")
+    p.add_argument("--node-id", default=os.uname().nodename,
+                   help="node id of the agent; ranks report devices <node-id>/cpu<rank>")
     p.add_argument("--rebalance-every", type=int, default=0,
                    help="standalone: plan locally every N steps (0: never)")
     p.add_argument("--memory-offload", action="store_true",
@@ -167,9 +183,14 @@ def main(argv=None) -> None:
             optimizer=opt, micro_batch_size=args.batch,
             capacity_bytes=int(args.memory_capacity_mb * (1 << 20)) or None,
             kinds=("swap_activations", "offload_optimizer"))
+    paused = [0.0]  # seconds spent pausing between steps, kept out of the step times
+
+    def busy_clock() -> float:
+        return time.perf_counter() - paused[0]
+
     reporter = Reporter(counter, rank=rank, job=job, socket_path=args.agent_socket or None,
-                        device_id=f"{os.uname().nodename}/cpu{rank}", on_plan=applier.submit,
-                        model=model, optimizer=opt, offload=offload).start()
+                        device_id=f"{args.node_id}/cpu{rank}", on_plan=applier.submit,
+                        model=model, optimizer=opt, offload=offload, perf=busy_clock).start()
     applier.on_report = reporter.send_report
 
     data = stdlib_bytes(args.data_bytes)
@@ -177,7 +198,11 @@ def main(argv=None) -> None:
     window = torch.zeros_like(counter)
     tokens = args.batch * args.seq
     started = time.perf_counter()
-    for step in range(args.steps):
+    last = args.first_step + args.steps - 1  # with --steps 0: until stopped
+    step = args.first_step - 1
+    while args.steps == 0 or step < last:
+        step += 1
+        begun = time.perf_counter()
         with reporter.host_region():
             starts = torch.randint(0, data.numel() - args.seq - 1, (args.batch,), generator=gen)
             seq = torch.stack([data[s : s + args.seq + 1] for s in starts.tolist()])
@@ -204,7 +229,7 @@ def main(argv=None) -> None:
         if report is not None and rank == 0:
             log.info("plan epoch %d %s from step %d %s", report.epoch,
                      pb.PlanState.Name(report.state), report.step, report.error)
-        if step % args.log_every == 0 or step == args.steps - 1:
+        if step % args.log_every == 0 or step == last:
             total = loss.detach().clone()
             dist.all_reduce(total)
             if rank == 0:
@@ -212,7 +237,12 @@ def main(argv=None) -> None:
                 log.info("step %d loss %.4f step %.1f ms host-bound %.2f epoch %d "
                          "(%.1f steps/s)", step, float(total) / world,
                          stats["step_time_s"] * 1e3, stats["host_bound_ratio"], applier.epoch,
-                         (step + 1) / (time.perf_counter() - started))
+                         (step + 1 - args.first_step) / (time.perf_counter() - started))
+        if args.max_steps_per_s > 0:
+            now = time.perf_counter()
+            if begun + 1.0 / args.max_steps_per_s > now:
+                time.sleep(begun + 1.0 / args.max_steps_per_s - now)
+                paused[0] += time.perf_counter() - now
     reporter.close()
     if offload is not None:
         for r in offload.reports:

@@ -1,11 +1,23 @@
 """A simulated MoE training job: N nodes x G ranks in one process, reporting through agents.
 
-Every rank reports ``RankStep`` (its ``counts[L, E]`` and step statistics) on its own
-``NodeLocal`` stream to the agent of its node, exactly as the SDK does. The job runs a
-placement ``phy2log[L, W*S]``: its step time follows the load of the busiest rank under that
-placement (see :func:`moeplane.agents.sim.workload.step_time_s`). A placement plan received from the
-agents is applied on every rank at the same step, once every rank has it, and reported APPLIED
-(or FAILED with the reason, keeping the running placement).
+Every rank reports ``RankStep`` (its ``counts[L, E]``, step statistics and ``MemoryProfile``)
+on its own ``NodeLocal`` stream to the agent of its node, exactly as the SDK does. The job
+runs a placement ``phy2log[L, W*S]``: its step time follows the load of the busiest rank under
+that placement (see :func:`moeplane.agents.sim.workload.step_time_s`). A placement plan
+received from the agents is applied on every rank at the same step, once every rank has it,
+and reported APPLIED (or FAILED with the reason, keeping the running placement).
+
+Two kinds of trouble come and go on a schedule (:class:`moeplane.agents.sim.workload.Spells`):
+
+- memory pressure: in a longer-sequence phase a few ranks (on different nodes) run
+  ``pressure_seq_factor`` times longer sequences, so their activations grow past the high
+  watermark (:mod:`moeplane.agents.sim.memory`). An offload decision pushed to a rank takes
+  effect at its next step and is reported APPLIED with the peak it measured; its actions'
+  predicted step-time overhead is added to the step;
+- host-bound spells: the data loader of one node (the next one each spell) is slow; its ranks
+  wait on the host for ``host_bound_ratio`` of each step, and the whole job waits with them
+  (a longer step; for the other ranks that wait is not host time). Outside the spells every
+  rank waits on the host for well under 2 % of a step.
 """
 
 from __future__ import annotations
@@ -15,17 +27,20 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import grpc
 import numpy as np
 
+from moeplane.agents.sim.memory import MemorySpec, RankMemory
 from moeplane.agents.sim.ranklink import RankLink
 from moeplane.agents.sim.workload import (
     ExpertLoadModel,
+    Spells,
     WorkloadSpec,
     balancedness,
     identity_phy2log,
+    spread_ranks,
     step_time_s,
 )
 from moeplane.controlplane.balancing.routing import route_replicas, routed_gpu_loads
@@ -50,6 +65,12 @@ class JobOptions:
     socket_template: str = "/tmp/moeplane-agent-{node}.sock"
     node_template: str = "node-{i}"
     attach_timeout_s: float = 60.0
+    memory: MemorySpec | None = field(default_factory=MemorySpec)  # None: no memory profiles
+    pressure: Spells = Spells(every=90, length=30, first=15)  # longer-sequence phases
+    pressure_ranks: int = 3
+    pressure_seq_factor: float = 1.7
+    host_spells: Spells = Spells(every=120, length=30, first=30)  # a slow data loader
+    host_bound_ratio: float = 0.4  # of the slow node's ranks, during a spell
 
     @property
     def world_size(self) -> int:
@@ -57,6 +78,10 @@ class JobOptions:
 
     def node_id(self, i: int) -> str:
         return self.node_template.format(i=i)
+
+    def device_id(self, rank: int) -> str:
+        node, local = divmod(rank, self.gpus_per_node)
+        return f"{self.node_id(node)}/gpu{local}"
 
 
 def check_plan(plan: pb.PlacementPlan, layers: int, experts: int, world: int) -> np.ndarray:
@@ -91,10 +116,16 @@ class SimulatedJob:
         self.phy2log, self.slots = identity_phy2log(o.layers, o.experts, W)
         self.epoch = 0
         self.rng = np.random.default_rng(o.seed + 1)
-        # a few ranks sit on slow hosts (data loading), the rest wait on the host a little
-        self.host_base = np.clip(self.rng.beta(2, 30, W), 0, 1)
-        slow = self.rng.choice(W, size=max(1, W // 16), replace=False)
-        self.host_base[slow] += 0.2
+        self.host_base = self.rng.beta(2, 300, W)  # waits on the host outside spells: ~0.7 %
+        self.memory = [] if o.memory is None else [
+            RankMemory(o.memory, layers=o.layers, slots=self.slots, top_k=o.top_k,
+                       rng=np.random.default_rng([o.seed, 2, r])) for r in range(W)]
+        if self.memory and not self.memory[0].fits():
+            log.warning("no memory profiles: %d layers of width %d need %.0f GiB per rank, more "
+                        "than the %.0f GiB device (try a smaller --hidden, --seq-len or "
+                        "--micro-batch)", o.layers, o.memory.hidden,
+                        self.memory[0].demand() / 2**30, o.memory.capacity_bytes / 2**30)
+            self.memory = []
         self.pending: dict[int, pb.PlacementPlan] = {}
         self.received: dict[int, set[int]] = {}
         self.step = 0
@@ -106,6 +137,10 @@ class SimulatedJob:
         return pb.JobSpec(job_id=o.job_id, layers=o.layers, experts=o.experts, top_k=o.top_k,
                           world_size=o.world_size, slots_per_rank=self.slots,
                           ranks_per_node=o.gpus_per_node)
+
+    def _on_offload(self, rank: int, decision: pb.OffloadDecision) -> None:
+        if decision.job_id == self.o.job_id and self.memory:
+            self.memory[rank].submit(decision)
 
     def _on_plan(self, rank: int, plan: pb.PlacementPlan) -> None:
         if plan.job_id != self.o.job_id or plan.epoch <= self.epoch:
@@ -133,6 +168,8 @@ class SimulatedJob:
             self._report(epoch, pb.PLAN_STATE_FAILED, self.step, str(exc))
             return
         self.phy2log, self.slots, self.epoch = phy2log, plan.slots_per_rank, epoch
+        for m in self.memory:  # a rank holds as many experts as it has slots
+            m.shape = replace(m.shape, experts_per_device=self.slots)
         log.info("step %d: applied plan epoch %d", self.step, epoch)
         self._report(epoch, pb.PLAN_STATE_APPLIED, self.step)
 
@@ -141,30 +178,68 @@ class SimulatedJob:
             link.send(pb.RankMessage(plan_report=pb.PlanReport(
                 job_id=self.o.job_id, epoch=epoch, state=state, step=step, error=error)))
 
+    def _memory_step(self, step: int) -> tuple[list[pb.MemoryProfile], dict[int, pb.OffloadReport], float]:
+        """Every rank's memory this step: profiles, reports of decisions taken at this step,
+        and the largest predicted overhead of the actions in effect (seconds)."""
+        o = self.o
+        spell = o.pressure.index(step)
+        pressed = set() if spell is None else set(spread_ranks(
+            o.seed, spell, o.pressure_ranks, o.nodes, o.gpus_per_node))
+        profiles, reports, overhead = [], {}, 0.0
+        for r, mem in enumerate(self.memory):
+            measured, report = mem.step(o.pressure_seq_factor if r in pressed else 1.0)
+            profiles.append(mem.profile(measured, o.device_id(r), r))
+            overhead = max(overhead, measured.plan.overhead())
+            if report is not None:
+                reports[r] = report
+                log.info("step %d: rank %d %s offload decision %d (%s): peak %.1f GiB",
+                         step, r, pb.PlanState.Name(report.state), report.decision_id,
+                         ", ".join(profiles[-1].applied_actions) or "no actions",
+                         measured.used_bytes / 2**30)
+        return profiles, reports, overhead
+
+    def _host_bound(self, t: float, step: int) -> tuple[np.ndarray, float]:
+        """Each rank's host-bound ratio and the step time with a slow data loader's wait."""
+        o = self.o
+        host = np.clip(self.host_base + self.rng.normal(0, 0.002, o.world_size), 0, 1)
+        spell = o.host_spells.index(step)
+        if spell is None:
+            return host, t
+        slow = slice((spell % o.nodes) * o.gpus_per_node, (spell % o.nodes + 1) * o.gpus_per_node)
+        share = float(np.clip(o.host_bound_ratio + self.rng.normal(0, 0.02), 0, 0.95))
+        wait = t * share / (1 - share)  # the slow node's ranks wait this long for their data
+        host *= t / (t + wait)  # everyone else's own waits are a smaller share of a longer step
+        host[slow] = np.clip(share + host[slow] * t / (t + wait), 0, 1)
+        return host, t + wait
+
     def run_step(self) -> tuple[float, Callable[[], None]]:
         """Simulate one step on every rank; returns its step time and ``report()``, which
         queues every rank's report (call it when the step has ended)."""
         o = self.o
         self._maybe_switch()
+        step = self.step
         counts = self.model.step()                      # [W, L, E]
         # [L, W] tokens per rank, each expert's tokens routed among its replicas as the SDK does
         per_gpu = routed_gpu_loads(
             route_replicas(counts.sum(axis=0), self.phy2log, gpus=o.world_size), o.world_size)
         balance = balancedness(per_gpu)
         t = step_time_s(o.step_time_s, balance) * float(self.rng.uniform(0.98, 1.02))
-        # ranks with less expert work wait longer for the slowest one; that is not host time
-        host = np.clip(self.host_base + self.rng.normal(0, 0.01, o.world_size), 0, 1)
-        step = self.step
+        profiles, offload_reports, overhead = self._memory_step(step)
+        host, t = self._host_bound(t + overhead, step)
 
         def report() -> None:
             now = self.clock()
             for link in self.links:
                 r = link.rank
-                link.send(pb.RankMessage(step=pb.RankStep(
-                    step=step, counts=encode_array(counts[r]), timestamp=now,
-                    stats=pb.RankStepStats(rank=r, step_time_s=t,
-                                           host_bound_ratio=float(host[r]),
-                                           tokens=o.tokens_per_step))))
+                msg = pb.RankStep(step=step, counts=encode_array(counts[r]), timestamp=now,
+                                  stats=pb.RankStepStats(rank=r, step_time_s=t,
+                                                         host_bound_ratio=float(host[r]),
+                                                         tokens=o.tokens_per_step))
+                if profiles:
+                    msg.memory.CopyFrom(profiles[r])
+                link.send(pb.RankMessage(step=msg))
+                if r in offload_reports:
+                    link.send(pb.RankMessage(offload_report=offload_reports[r]))
 
         self.history.append((step, balance, t))
         self.step += 1
@@ -176,9 +251,9 @@ class SimulatedJob:
             "unix:" + o.socket_template.format(node=o.node_id(n), i=n)) for n in range(o.nodes)]
         spec = self.job_spec()
         for r in range(o.world_size):
-            n, local = divmod(r, o.gpus_per_node)
-            hello = pb.RankHello(job=spec, rank=r, device_id=f"{o.node_id(n)}/gpu{local}")
-            self.links.append(RankLink(channels[n], hello, self._on_plan, seed=o.seed + r))
+            hello = pb.RankHello(job=spec, rank=r, device_id=o.device_id(r))
+            self.links.append(RankLink(channels[r // o.gpus_per_node], hello, self._on_plan,
+                                       on_offload=self._on_offload, seed=o.seed + r))
         for link in self.links:
             link.start()
         try:

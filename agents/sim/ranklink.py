@@ -2,7 +2,8 @@
 
 Like the SDK's background sender: :meth:`RankLink.send` never blocks the step (a bounded queue;
 the oldest report is dropped when the agent is away for long), and the stream is reopened with
-backoff (hello again) when the agent restarts. Plans read from the stream go to ``on_plan``.
+backoff (hello again) when the agent restarts. Plans read from the stream go to ``on_plan``,
+offload decisions to ``on_offload``.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ log = logging.getLogger(__name__)
 
 class RankLink:
     def __init__(self, channel: grpc.aio.Channel, hello: pb.RankHello,
-                 on_plan: Callable[[int, pb.PlacementPlan], None], *, max_queued: int = 1000,
-                 seed: int | None = None):
+                 on_plan: Callable[[int, pb.PlacementPlan], None], *,
+                 on_offload: Callable[[int, pb.OffloadDecision], None] | None = None,
+                 max_queued: int = 1000, seed: int | None = None):
         self.stub = pb_grpc.NodeLocalStub(channel)
         self.hello = hello
         self.rank = hello.rank
         self.on_plan = on_plan
+        self.on_offload = on_offload
         self.queue: deque[pb.RankMessage] = deque(maxlen=max_queued)
         self.ready = asyncio.Event()  # set: the queue gained a message
         self.empty = asyncio.Event()  # set: everything queued was written
@@ -103,6 +106,8 @@ class RankLink:
             body = msg.WhichOneof("body")
             if body == "plan":
                 self.on_plan(self.rank, msg.plan)
+            elif body == "offload" and self.on_offload is not None:
+                self.on_offload(self.rank, msg.offload)
             elif body == "ack" and msg.ack.code:
                 self.rejected += 1
                 log.warning("rank %d: agent rejected step %d: %s", self.rank, msg.ack.seq,

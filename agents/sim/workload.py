@@ -173,3 +173,38 @@ def step_time_s(base_step_time_s: float, balance: float, moe_fraction: float = 0
     ``balance`` (max / mean GPU load).
     """
     return base_step_time_s * ((1.0 - moe_fraction) + moe_fraction * balance)
+
+
+@dataclass(frozen=True)
+class Spells:
+    """Recurring spells: the ``k``-th covers steps ``first + k * every`` to ``first + k * every
+    + length - 1``; ``every <= 0`` means none."""
+
+    every: int
+    length: int
+    first: int = 0
+
+    def __post_init__(self) -> None:
+        if self.every > 0 and not 0 < self.length <= self.every:
+            raise ValueError(f"length must be in [1, every={self.every}], got {self.length}")
+        if self.first < 0:
+            raise ValueError(f"first must be >= 0, got {self.first}")
+
+    def index(self, step: int) -> int | None:
+        """The spell ``step`` falls in, or None."""
+        if self.every <= 0 or step < self.first:
+            return None
+        k, into = divmod(step - self.first, self.every)
+        return k if into < self.length else None
+
+
+def spread_ranks(seed: int, spell: int, count: int, nodes: int, per_node: int) -> list[int]:
+    """``count`` ranks for spell ``spell``, on as many different nodes as there are (seeded)."""
+    rng = np.random.default_rng([seed, spell])
+    picked: list[int] = []
+    while len(picked) < min(count, nodes * per_node):
+        for node in rng.permutation(nodes)[: count - len(picked)]:
+            free = [r for r in range(node * per_node, (node + 1) * per_node) if r not in picked]
+            if free:
+                picked.append(int(rng.choice(free)))
+    return sorted(picked)

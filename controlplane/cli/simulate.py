@@ -17,8 +17,10 @@ def register(subparsers) -> None:
         "simulate", help="run a simulated MoE training job",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="N nodes x G ranks of a simulated MoE job in one process. Each rank "
-                    "reports its per-step expert loads and step statistics to the agent of "
-                    "its node (NodeLocal on a Unix socket) and applies placement plans.")
+                    "reports its per-step expert loads, step statistics and memory profile to "
+                    "the agent of its node (NodeLocal on a Unix socket) and applies placement "
+                    "plans and memory-offload decisions. Longer-sequence phases put a few ranks "
+                    "under memory pressure; host-bound spells slow one node's data loader.")
     p.add_argument("--job-id", required=True, help="id of the simulated job")
     p.add_argument("--nodes", type=_positive, default=2, help="nodes N (one agent each)")
     p.add_argument("--gpus-per-node", type=_positive, default=8, help="ranks per node G")
@@ -37,6 +39,21 @@ def register(subparsers) -> None:
                    help="node ids, {i} = 0..N-1")
     p.add_argument("--attach-timeout", type=float, default=60.0,
                    help="seconds to wait for every rank to reach its agent")
+    m = p.add_argument_group("memory (each rank's device: 80 GiB)")
+    m.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
+                   help="send memory profiles and apply offload decisions")
+    m.add_argument("--hidden", type=_positive, default=5120, help="model width")
+    m.add_argument("--expert-ffn", type=_positive, default=2560, help="each expert's inner width")
+    m.add_argument("--seq-len", type=_positive, default=4096, help="tokens per sample")
+    m.add_argument("--micro-batch", type=_positive, default=1, help="samples per micro-batch")
+    m.add_argument("--pressure-every", type=int, default=90,
+                   help="steps between the starts of longer-sequence phases (0: none); each "
+                        "lasts a third of that")
+    m.add_argument("--pressure-ranks", type=_positive, default=3,
+                   help="ranks in each longer-sequence phase")
+    m.add_argument("--host-spell-every", type=int, default=120,
+                   help="steps between the starts of host-bound spells (a slow data loader on "
+                        "one node; 0: none); each lasts a quarter of that")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
 
@@ -47,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     import signal
 
     from moeplane.agents.sim.job import JobOptions, SimulatedJob
+    from moeplane.agents.sim.memory import MemorySpec
+    from moeplane.agents.sim.workload import Spells
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -54,12 +73,21 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--top-k ({args.top_k}) must be <= --experts ({args.experts})")
     if args.step_time < 0 or args.steps < 0:
         raise SystemExit("--step-time and --steps must be >= 0")
+    if args.pressure_every < 0 or args.host_spell_every < 0:
+        raise SystemExit("--pressure-every and --host-spell-every must be >= 0")
+    memory = MemorySpec(hidden=args.hidden, expert_ffn=args.expert_ffn, seq_len=args.seq_len,
+                        micro_batch=args.micro_batch) if args.memory else None
     options = JobOptions(
         job_id=args.job_id, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
         layers=args.layers, experts=args.experts, top_k=args.top_k,
         tokens_per_step=args.tokens_per_step, step_time_s=args.step_time, steps=args.steps,
         seed=args.seed, socket_template=args.agent_socket_template,
         node_template=args.node_id_template, attach_timeout_s=args.attach_timeout,
+        memory=memory, pressure_ranks=args.pressure_ranks,
+        pressure=Spells(args.pressure_every, max(1, args.pressure_every // 3),
+                        first=min(15, args.pressure_every)),
+        host_spells=Spells(args.host_spell_every, max(1, args.host_spell_every // 4),
+                           first=min(30, args.host_spell_every)),
     )
 
     async def main() -> None:

@@ -1,73 +1,285 @@
-"""``moeplane demo`` as a user runs it: a real subprocess tree (control plane, agents, simulated
-job) on free ports and a temporary data directory; its dashboard in headless Chromium shows the
-expert heatmap with data and updates live; Ctrl-C (SIGINT) stops every process it started."""
+"""``moeplane demo`` as a user runs it, with its defaults: a real subprocess tree (control plane,
+agents, the simulated job and the real training job ``examples/train_moe.py`` on 4 gloo ranks)
+on free ports and a temporary data directory.
+
+Within 90 s both jobs have loads, applied plans and memory profiles, and the simulated job an
+applied offload decision with its measured peak; headless Chromium then opens every page for
+both jobs (screenshots under ``artifacts/screenshots/demo-*.png``), sees a host-bound spell
+flagged on the cluster page and the dashboard's first view within its 1.5 s budget; the curl
+lines the demo prints answer; the demo's own processes leave at least half of 2 cores idle
+(their CPU time, measured with psutil: the machine may be shared); Ctrl-C stops everything.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
+import statistics
 import subprocess
 import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
+import httpx
 import psutil
 import pytest
+from selenium.webdriver.common.keys import Keys
 
-from tests.conftest import free_port
-from tests.dashboard.browsing import figure, mark_page, still_same_page, text_of
+from moeplane.controlplane.procs import free_port
+from moeplane.dashboard.pages import PAGES
+from tests.dashboard.browsing import (
+    click,
+    figure,
+    mark_page,
+    severe_console_errors,
+    still_same_page,
+    text_of,
+)
 from tests.dashboard.conftest import SCREENSHOTS, wait_for
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.torch]
 
-NODES = 2
+# job -> (layers, experts, devices): the demo's defaults
+JOBS = {"demo-job": (12, 48, 32), "train-moe": (4, 16, 4)}
+READY_S = 90.0  # the issue's promise: data from both jobs on every page within 90 s
+FIRST_VIEW_S = 1.5  # the dashboard's budget (ARCHITECTURE.md)
+MAX_CORES = 1.5  # on 2 cores the demo leaves at least half a core idle
 
 
-def step_shown(driver) -> int | None:
-    words = text_of(driver, "experts-status").replace("·", " ").split()
-    return int(words[words.index("step") + 1]) if "step" in words else None
+@dataclass
+class RunningDemo:
+    popen: subprocess.Popen
+    log: Path
+    base: str
+    started: float
+    children: list[psutil.Process] = field(default_factory=list)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def api(self, path: str):
+        r = httpx.get(f"{self.base}/api/v1{path}", timeout=10)
+        r.raise_for_status()
+        return r.json()
+
+    def processes(self) -> list[psutil.Process]:
+        root = psutil.Process(self.popen.pid)
+        return [root, *root.children(recursive=True)]
 
 
-def test_demo_serves_a_live_dashboard_and_ctrl_c_stops_everything(tmp_path, browser):
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    pytest.importorskip("torch")
+    tmp = tmp_path_factory.mktemp("demo")
     http_port, grpc_port = free_port(), free_port()
-    log = tmp_path / "demo.out"
-    argv = [sys.executable, "-m", "moeplane.controlplane.cli.main", "demo", "--data-dir", str(tmp_path / "data"),
-            "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--nodes", str(NODES),
-            "--gpus-per-node", "2", "--layers", "4", "--experts", "8", "--step-time", "0.5", "--steps", "0"]
+    log = tmp / "demo.out"
+    argv = [sys.executable, "-m", "moeplane.controlplane.cli.main", "demo", "--data-dir",
+            str(tmp / "data"), "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
     with open(log, "wb") as out:
-        demo = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                env=os.environ | {"PYTHONUNBUFFERED": "1"})
-    children: list[psutil.Process] = []
+        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                 env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    running = RunningDemo(popen, log, f"http://127.0.0.1:{http_port}", time.monotonic())
     try:
-        wait_for(lambda: demo.poll() is not None or "Ctrl-C stops everything" in log.read_text(), 60,
-                 "the demo to print its URLs")
-        assert demo.poll() is None, log.read_text()
-        url = f"http://127.0.0.1:{http_port}/dashboard/"
-        assert url in log.read_text()
-        children = psutil.Process(demo.pid).children(recursive=True)
-        assert len(children) >= 1 + NODES + 1  # control plane, one agent per node, the simulated job
-
-        browser.get(url + "experts")
-        mark_page(browser)
-
-        def heatmap_with_data():
-            fig = figure(browser, "expert-heatmap")
-            z = (fig or {"data": [{}]})["data"][0].get("z") or []
-            return z if z and any(v for row in z for v in row) else None
-
-        z = wait_for(heatmap_with_data, 30, "the expert heatmap to show loads")
-        assert len(z) == 4 and len(z[0]) == 8
-        first = wait_for(lambda: step_shown(browser), 10, "the step in the status line")
-        wait_for(lambda: (step_shown(browser) or -1) > first, 15, "a newer step without a reload")
-        assert still_same_page(browser), "the page reloaded"
-        browser.save_screenshot(str(SCREENSHOTS / "demo-experts.png"))
+        wait_for(lambda: popen.poll() is not None or "Ctrl-C stops everything" in running.output(),
+                 60, "the demo to print what to look at")
+        assert popen.poll() is None, running.output()
+        yield running
     finally:
-        if demo.poll() is None:
-            demo.send_signal(signal.SIGINT)
-        try:
-            rc = demo.wait(30)
-        finally:
-            gone, alive = psutil.wait_procs(children, timeout=10)
-            for p in alive:  # do not leak processes from a failed test
+        if popen.poll() is None:
+            popen.send_signal(signal.SIGINT)
+            try:
+                popen.wait(30)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+        for p in running.children:  # never leak processes from a failed test
+            if p.is_running():
                 p.kill()
-    assert rc == 0, log.read_text()
-    assert "moeplane demo stopped" in log.read_text()
+
+
+def ready(demo: RunningDemo) -> bool:
+    """Both jobs stepping with applied plans and memory profiles; an applied and measured
+    offload decision in the simulated job."""
+    jobs = {j["job_id"]: j for j in demo.api("/jobs")}
+    if any((jobs.get(j) or {}).get("latest_step") is None for j in JOBS):
+        return False
+    for job, (_l, _e, devices) in JOBS.items():
+        if not any(p["status"] == "applied" for p in demo.api(f"/jobs/{job}/plans")):
+            return False
+        if len(demo.api(f"/jobs/{job}/memory")) != devices:
+            return False
+    return any(d["status"] == "applied" and d["measured_used_bytes"]
+               for d in demo.api("/jobs/demo-job/offload/decisions"))
+
+
+def select_job(driver, job: str) -> None:
+    box = wait_for(lambda: driver.find_element("css selector", "#job-select input"), what="job box")
+    box.send_keys(job)
+    box.send_keys(Keys.ENTER)
+    wait_for(lambda: text_of(driver, "job-select") == job, what=f"{job} selected")
+
+
+def has_data(fig) -> bool:
+    z = ((fig or {}).get("data") or [{}])[0].get("z") or []
+    return bool(z) and any(v for row in z for v in row if v is not None)
+
+
+def experts_shown(driver, job: str) -> bool:
+    layers, experts, _ = JOBS[job]
+    z = figure(driver, "expert-heatmap")["data"][0]["z"]
+    return (f"job {job}" in text_of(driver, "experts-status") and len(z) == layers
+            and len(z[0]) == experts and has_data(figure(driver, "expert-heatmap")))
+
+
+def plans_shown(driver, job: str) -> bool:
+    timeline = figure(driver, "plans-timeline")
+    return (f"job {job}" in text_of(driver, "plans-status")
+            and "applied" in text_of(driver, "plans-table") and bool(timeline["data"]))
+
+
+def memory_shown(driver, job: str) -> bool:
+    bars = figure(driver, "memory-breakdown")["data"][0]["x"]
+    table = text_of(driver, "offload-table")
+    decided = job != "demo-job" or ("applied" in table and re.search(r"\d+\.\d GiB\s", table))
+    return f"job {job}" in text_of(driver, "memory-status") and len(bars) == JOBS[job][2] and bool(decided)
+
+
+def history_shown(driver, job: str) -> bool:
+    return f"job {job}" in text_of(driver, "history-status") and has_data(
+        figure(driver, "history-heatmap"))
+
+
+SHOWN = {"experts": experts_shown, "plans": plans_shown, "memory": memory_shown,
+         "history": history_shown}
+
+_FIRST_VIEW = """
+const [cells, done] = arguments;
+(function poll() {
+  const g = document.querySelector('#cluster-grid .js-plotly-plot');
+  let n = 0;
+  if (g && g.data && g.data[0] && g.data[0].z) for (const r of g.data[0].z) for (const v of r) if (v !== null) n++;
+  if (n >= cells && g.querySelector('.heatmaplayer')) done(performance.now()); else requestAnimationFrame(poll);
+})();
+"""
+
+
+def test_every_page_shows_both_jobs_within_90_s(demo, browser):
+    wait_for(lambda: ready(demo), READY_S - (time.monotonic() - demo.started),
+             "loads, applied plans and memory of both jobs and an applied offload decision")
+    url = demo.base + "/dashboard/"
+
+    # the cluster page: every device of both jobs; a slow data loader flagged by the 30 % rule
+    devices = [d["device_id"] for d in demo.api("/devices")]
+    assert {d.split("/")[0] for d in devices} >= {"node-0", "node-3", "cpu-0"}
+    browser.get(url)
+    click(browser, "xpath", "//label[contains(., 'Host-bound ratio')]")
+
+    def spell_flagged():
+        fig = figure(browser, "cluster-grid")
+        hover = str(fig["data"][0]["text"])
+        flagged = re.search(r"(\d+) host-bound ≥ 30 %", text_of(browser, "cluster-summary"))
+        return (all(d in hover for d in devices) and "Host-bound" in str(fig["layout"]["title"])
+                and flagged and int(flagged[1]) >= 8 and len(fig["data"][1]["x"]) >= 8)
+
+    wait_for(spell_flagged, 60, "a node's devices flagged host-bound (the first spell: step 30)")
+    browser.save_screenshot(str(SCREENSHOTS / "demo-cluster.png"))
+
+    # every other page, for each job
+    for job in JOBS:
+        browser.get(url + "experts")
+        select_job(browser, job)
+        for slug, _label in PAGES:
+            if slug == "cluster":
+                continue
+            click(browser, "id", f"nav-{slug}")  # client-side: the job stays selected
+            if slug == "history":
+                click(browser, "id", "history-apply")
+            check = SHOWN.get(slug)
+            if check is not None:
+                wait_for(lambda c=check, j=job: c(browser, j), 30, f"the {slug} page of {job}")
+            browser.save_screenshot(str(SCREENSHOTS / f"demo-{slug}-{job}.png"))
+        assert severe_console_errors(browser) == []
+
+    # live: a newer step without a reload
+    click(browser, "id", "nav-experts")
+    mark_page(browser)
+
+    def step_shown() -> int:
+        words = text_of(browser, "experts-status").replace("·", " ").split()
+        return int(words[words.index("step") + 1])
+
+    first = wait_for(step_shown, what="the step in the status line")
+    wait_for(lambda: step_shown() > first, 15, "a newer step without a reload")
+    assert still_same_page(browser), "the page reloaded"
+
+
+def busy_cores(procs: list[psutil.Process]) -> float:
+    """CPU seconds ``procs`` (and their children) have used so far."""
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:  # gone (e.g. a restarted training job's old ranks)
+            continue
+    return total
+
+
+def test_first_view_within_budget_while_the_demo_runs(demo, browser):
+    """Navigation start until the cluster grid shows the simulated devices, in the page
+    (median of 3 loads after a first). Other processes on a shared machine slow the browser
+    down: when they used more than half a core meanwhile, the test reports and skips."""
+    url = demo.base + "/dashboard/cluster"
+    ours = demo.processes() + [psutil.Process(browser.service.process.pid)]
+    ours += ours[-1].children(recursive=True)
+    busy0, own0, t0 = psutil.cpu_times(), busy_cores(ours), time.monotonic()
+    times = []
+    for _ in range(4):
+        browser.get("about:blank")
+        browser.get(url)
+        times.append(browser.execute_async_script(_FIRST_VIEW, 32) / 1000.0)
+    busy1, wall = psutil.cpu_times(), time.monotonic() - t0
+    busy = sum(getattr(busy1, f) - getattr(busy0, f)
+               for f in ("user", "nice", "system", "irq", "softirq"))
+    others = (busy - (busy_cores(ours) - own0)) / wall
+    median = statistics.median(times[1:])
+    print(f"cluster first view in the running demo: {times[0]:.2f} s first load, {median:.2f} s "
+          f"median of later loads; other processes used {others:.2f} cores meanwhile")
+    if median > FIRST_VIEW_S and others > 0.5:
+        pytest.skip(f"first view {median:.2f} s, but other processes used {others:.2f} cores "
+                    "of this machine meanwhile")
+    assert median <= FIRST_VIEW_S, times
+
+
+def test_printed_curl_lines_answer(demo):
+    lines = [x.strip() for x in demo.output().splitlines() if x.strip().startswith("curl -s ")]
+    assert any("/plans/1" in x for x in lines) and any("view=expert" in x for x in lines)
+    for line in lines:
+        target = line.removeprefix("curl -s ").strip("'")
+        r = wait_for(lambda t=target: (r := httpx.get(t, timeout=10)).status_code == 200 and r,
+                     60, target)
+        assert r.json(), target
+
+
+def test_demo_leaves_half_a_core_idle(demo, browser):
+    """CPU time of the demo's own processes over 30 s while the dashboard refreshes in a
+    browser (the browser itself is not counted), in cores."""
+    browser.get(demo.base + "/dashboard/experts")
+    procs = demo.processes()
+    demo.children = procs[1:]
+    c0, t0 = busy_cores(procs), time.monotonic()
+    wait_for(lambda: time.monotonic() - t0 >= 30, 40, "30 s")
+    cores = (busy_cores(procs) - c0) / (time.monotonic() - t0)
+    print(f"the demo's processes used {cores:.2f} cores over 30 s ({len(procs)} processes)")
+    assert cores <= MAX_CORES, cores
+
+
+def test_ctrl_c_stops_everything(demo):
+    demo.children = demo.processes()[1:]
+    assert len(demo.children) >= 1 + 4 + 1 + 1 + 1 + 4  # serve, agents, jobs, torchrun's ranks
+    demo.popen.send_signal(signal.SIGINT)
+    assert demo.popen.wait(30) == 0, demo.output()
+    assert "moeplane demo stopped" in demo.output()
+    _gone, alive = psutil.wait_procs(demo.children, timeout=10)
     assert alive == [], f"still running after Ctrl-C: {[p.pid for p in alive]}"
