@@ -144,7 +144,8 @@ async def serve(
 
     api = create_api(engine, ingest=ingest, batcher=batcher, bus=bus, bus_name=bus.name, controller=controller,
                      offload_controller=offload_controller, tokens=tokens, retention=retention,
-                     retention_policy=policy, placements=placements, executor=executor)
+                     retention_policy=policy, placements=placements, executor=executor,
+                     max_body_bytes=settings.max_body_bytes)
     dashboard = settings.dashboard and _mount_dashboard(api, engine, loop, tokens)
     http = uvicorn.Server(
         uvicorn.Config(

@@ -30,6 +30,7 @@ class Settings(BaseSettings):
     minute_retention_s, hour_retention_s: the 1-min and 1-h tiers (0 = forever).
     rollup_lag_s: a bucket is rolled up once it ended this long ago (late data window).
     retention_interval_s: how often the retention/downsampling job runs (0 = never).
+    max_body_bytes: the largest REST request body (413 past it; 8 MiB holds a 58 x 8,192 plan).
     max_steps_ahead: loads and step statistics of a step more than this many steps past the
         job's newest stored step are refused (docs/security.md).
     """
@@ -55,6 +56,7 @@ class Settings(BaseSettings):
     rollup_lag_s: float = 120.0
     retention_interval_s: float = 60.0
     max_steps_ahead: int = Field(default=1_000_000, ge=1)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     rebalance_mode: Literal['auto', 'manual', ''] = ''  # sets the cluster default policy at start
 
     @field_validator("grpc_listen")

@@ -8,6 +8,7 @@ from sqlalchemy.engine import Engine
 
 from moeplane.controlplane.api.claims import router as claims_router
 from moeplane.controlplane.api.history import router as history_router
+from moeplane.controlplane.api.methods import MethodsGuard
 from moeplane.controlplane.api.metrics import router as metrics_router
 from moeplane.controlplane.api.offload import router as offload_router
 from moeplane.controlplane.api.plans import default_router as default_policy_router
@@ -15,6 +16,7 @@ from moeplane.controlplane.api.plans import router as plans_router
 from moeplane.controlplane.api.rl import router as rl_router
 from moeplane.controlplane.api.routes import router
 from moeplane.controlplane.api.tokens import router as tokens_router
+from moeplane.controlplane.auth.body import DEFAULT_MAX_BODY_BYTES, BodyGuard
 from moeplane.controlplane.auth.http import AUTH_RESPONSES, AuthDep, document_security
 from moeplane.controlplane.domain.lifecycle import Conflict
 from moeplane.controlplane.store.queries import NotFound
@@ -33,6 +35,9 @@ def create_api(engine: Engine, **state) -> FastAPI:
         responses=AUTH_RESPONSES,
     )
     app.state.engine = engine
+    # authenticate before a body is read, and bound it (413)
+    app.add_middleware(BodyGuard, max_bytes=state.pop("max_body_bytes", None) or DEFAULT_MAX_BODY_BYTES)
+    app.add_middleware(MethodsGuard)  # HEAD, OPTIONS and 405 with the path's real Allow
     app.state.tokens = None
     document_security(app)
     for k, val in state.items():

@@ -2,8 +2,8 @@
 
 ``DashboardGate`` wraps the mounted Dash app (ASGI). With tokens enabled it accepts a token
 from the ``moeplane_token`` cookie or an ``Authorization: Bearer`` header; a first visit to
-``/dashboard/?token=mp_...`` sets the cookie (HttpOnly, SameSite=Strict) and redirects to the
-same page without the token in the address. No valid token → 401 page saying how to log in.
+``/dashboard/?token=mp_...`` sets the cookie (HttpOnly, SameSite=Strict, and Secure under
+TLS) and redirects to the same page without the token in the address. No valid token → 401 page saying how to log in.
 The caller's role travels to the Flask side in the ``X-Moeplane-Role`` header (any such header
 from the client is dropped first); ``require_operator`` checks it before an approval.
 """
@@ -47,8 +47,9 @@ class DashboardGate:
         if principal is None or principal.role is Role.NODE:
             return await _respond(send, 401, LOGIN_PAGE, [(b"content-type", b"text/html; charset=utf-8")])
         if from_query is not None:  # set the cookie, drop the token from the address
-            location = scope.get("root_path", "") + scope["path"] + (f"?{urlencode(query)}" if query else "")
-            cookie = f"{COOKIE}={secret}; Path=/dashboard; HttpOnly; SameSite=Strict"
+            location = _full_path(scope) + (f"?{urlencode(query)}" if query else "")
+            secure = "; Secure" if scope.get("scheme") == "https" else ""  # never sent over plain HTTP
+            cookie = f"{COOKIE}={secret}; Path=/dashboard; HttpOnly; SameSite=Strict{secure}"
             return await _respond(send, 303, b"", [(b"location", location.encode()), (b"set-cookie", cookie.encode())])
         headers.append((ROLE_HEADER, str(principal.role).encode()))
         return await self.app(scope | {"headers": headers}, receive, send)
@@ -76,6 +77,13 @@ def flask_role() -> str | None:
     if not has_request_context():
         return None
     return request.headers.get(ROLE_HEADER.decode())
+
+
+def _full_path(scope) -> str:
+    """The path the browser asked for. Mounted (Starlette's ``Mount``), ``path`` already holds
+    the mount's prefix and ``root_path`` is that prefix; bare, ``path`` is relative to it."""
+    root, path = scope.get("root_path", ""), scope["path"]
+    return path if root and (path == root or path.startswith(root.rstrip("/") + "/")) else root + path
 
 
 def _header(headers, name: bytes) -> str | None:
