@@ -36,6 +36,7 @@ from moeplane.controlplane.balancing.placement import (
 from moeplane.controlplane.balancing.repair import repair_search
 from moeplane.controlplane.balancing.search import local_search
 from moeplane.controlplane.balancing.selection import select_budget, select_mean
+from moeplane.controlplane.balancing.slots import keep_slots, slot_changes
 from moeplane.controlplane.balancing.transfers import plan_transfers
 from moeplane.controlplane.balancing.validate import check_count, check_loads, check_placement
 
@@ -60,7 +61,11 @@ class Plan:
       baseline, i.e. expert weights copied onto a GPU; ``cross_node_moves``: those whose
       weights come from another node;
     - ``transfers [M, 4]`` int64 rows (layer, destination slot, logical expert, source GPU),
-      one per move; ``cross_node [M]`` bool per transfer.
+      one per move; ``cross_node [M]`` bool per transfer;
+    - ``slot_changes_per_layer [L]``, ``slot_changes``: slots needing a copy within their GPU
+      (their expert changed to one the GPU already held), counted apart from moves. An
+      incremental plan keeps every staying expert in its slot (``slots.keep_slots``), so these
+      are only the extra replicas a GPU makes of an expert it holds.
     """
 
     phy2log: np.ndarray
@@ -79,6 +84,8 @@ class Plan:
     slots_per_gpu: int
     nodes: int
     incremental: bool
+    slot_changes_per_layer: np.ndarray
+    slot_changes: int
 
 
 def fresh_placement(loads: np.ndarray, gpus: int, slots_per_gpu: int) -> np.ndarray:
@@ -173,11 +180,14 @@ def plan_placement(
             search,
         )
 
+    if cur is not None:
+        new = keep_slots(cur, new, gpus)
     per_gpu = gpu_loads(w, new, gpus)
     before = layer_balancedness(gpu_loads(w, baseline, gpus))
     after = layer_balancedness(per_gpu)
     transfers, cross = plan_transfers(baseline, new, gpus, num_experts, nodes)
     moves = np.bincount(transfers[:, 0], minlength=num_layers)  # one transfer per move
+    changes = slot_changes(baseline, new, gpus)
     return Plan(
         phy2log=_readonly(new),
         replica_counts=_readonly(replica_counts(new, num_experts)),
@@ -195,6 +205,8 @@ def plan_placement(
         slots_per_gpu=slots_per_gpu,
         nodes=nodes,
         incremental=cur is not None,
+        slot_changes_per_layer=_readonly(changes),
+        slot_changes=int(changes.sum()),
     )
 
 

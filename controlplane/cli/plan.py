@@ -6,8 +6,9 @@
 
 LOADS.npy: float or integer ``[L, E]``; CURRENT.npy and PLAN.npy: int64 ``[L, G*S]``.
 REPORT.json: ``balancedness_before`` (of CURRENT, or of the identity placement ``slot % E``),
-``balancedness_after``, ``moved``, ``cross_node_moved``, ``elapsed_ms``, and the shape and
-settings used. Unreadable or inconsistent input: exit status 2 and one line on stderr.
+``balancedness_after``, ``moved``, ``cross_node_moved``, ``slot_changes`` (copies within a
+GPU: a staying expert keeps its slot, so only extra replicas of an expert the GPU holds),
+``elapsed_ms``, and the shape and settings used. Unreadable or inconsistent input: exit status 2 and one line on stderr.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         "balancedness_after": plan.balancedness_after,
         "moved": plan.moves,
         "cross_node_moved": plan.cross_node_moves,
+        "slot_changes": plan.slot_changes,
         "elapsed_ms": round(elapsed_ms, 3),
         "layers": num_layers,
         "experts": num_experts,
@@ -135,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"planned {num_layers}x{num_experts} on {plan.gpus}x{plan.slots_per_gpu} slots: "
         f"balancedness {plan.balancedness_before:.4f} -> {plan.balancedness_after:.4f}, "
-        f"{plan.moves} moves ({plan.cross_node_moves} cross-node), {elapsed_ms:.1f} ms"
+        f"{plan.moves} moves ({plan.cross_node_moves} cross-node), "
+        f"{plan.slot_changes} slot changes within a GPU, {elapsed_ms:.1f} ms"
     )
     return 0
 

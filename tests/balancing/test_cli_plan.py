@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from moeplane.controlplane.balancing import balancedness, count_moves, replica_counts
+from moeplane.controlplane.balancing.slots import slot_changes
 
 MOEPLANE = str(Path(sys.executable).with_name("moeplane"))
 
@@ -58,6 +59,13 @@ def test_incremental_plan_respects_max_moves(tmp_path, loads_file):
     plan = np.load(out)
     assert rep["moved"] == count_moves(current, plan, 4, 16).sum() <= 6
     assert rep["balancedness_after"] < rep["balancedness_before"]
+    assert rep["slot_changes"] == slot_changes(current, plan, 4).sum()
+    stays = np.zeros_like(current, dtype=bool)  # slots whose expert is still on their GPU
+    for lay in range(4):
+        for g in range(4):
+            block = slice(5 * g, 5 * g + 5)
+            stays[lay, block] = np.isin(current[lay, block], plan[lay, block])
+    np.testing.assert_array_equal(plan[stays], current[stays])  # and keeps its slot
 
 
 @pytest.mark.parametrize("search", ["relieve", "repair"])
