@@ -54,6 +54,10 @@ def register(subparsers) -> None:
     m.add_argument("--host-spell-every", type=int, default=120,
                    help="steps between the starts of host-bound spells (a slow data loader on "
                         "one node; 0: none); each lasts a quarter of that")
+    r = p.add_argument_group("RL post-training (instead of the MoE pretraining job)")
+    r.add_argument("--rl", choices=("colocated", "one-step-off", "async"), default=None,
+                   help="simulate an RL job of this mode: its ranks send phase spans")
+    r.add_argument("--staleness", type=int, default=1, help="staleness bound K for --rl async")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=run)
 
@@ -69,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.rl:
+        return _run_rl(args)
     if args.top_k > args.experts:
         raise SystemExit(f"--top-k ({args.top_k}) must be <= --experts ({args.experts})")
     if args.step_time < 0 or args.steps < 0:
@@ -100,6 +106,35 @@ def run(args: argparse.Namespace) -> int:
     try:
         asyncio.run(main())
     except TimeoutError as exc:
+        logging.getLogger("moeplane.simulate").error("%s", exc)
+        return 1
+    return 0
+
+
+def _run_rl(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from moeplane.agents.sim.rlrun import RLRunOptions, run_rl
+
+    if args.staleness < 0 or args.steps < 1:
+        raise SystemExit("--rl needs --steps >= 1 and --staleness >= 0")
+    options = RLRunOptions(job_id=args.job_id, mode=args.rl, staleness=args.staleness, nodes=args.nodes,
+                           gpus_per_node=args.gpus_per_node, steps=args.steps, step_time_s=args.step_time,
+                           seed=args.seed, socket_template=args.agent_socket_template,
+                           node_template=args.node_id_template, attach_timeout_s=args.attach_timeout)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_rl(options, stop)
+
+    try:
+        asyncio.run(main())
+    except (TimeoutError, ValueError) as exc:
         logging.getLogger("moeplane.simulate").error("%s", exc)
         return 1
     return 0
