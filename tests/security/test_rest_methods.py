@@ -12,9 +12,9 @@ from tests.controlplane.serverthread import running_server
 
 @pytest.fixture(scope="module")
 def http(tmp_path_factory):
-    with running_server(f"sqlite:///{tmp_path_factory.mktemp('methods') / 'm.sqlite'}") as srv:
-        with httpx.Client(base_url=f"http://127.0.0.1:{srv['http_port']}/api/v1", timeout=10) as client:
-            yield client
+    with (running_server(f"sqlite:///{tmp_path_factory.mktemp('methods') / 'm.sqlite'}") as srv,
+          httpx.Client(base_url=f"http://127.0.0.1:{srv['http_port']}/api/v1", timeout=10) as client):
+        yield client
 
 
 def allow(r: httpx.Response) -> set[str]:
