@@ -23,6 +23,9 @@ from moeplane.controlplane.procs import Proc, Procs, free_port
 
 JOB = "demo-job"
 TRAIN_JOB = "train-moe"
+RL_JOB = "rl-job"  # simulated asynchronous RL post-training (phase spans, staleness, weight sync)
+RL_NODE = "rl-0"
+RL_DEVICES = 8
 TRAIN_NODE = "cpu-0"
 TRAIN_RANKS = 4
 TRAIN_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_moe.py"
@@ -58,6 +61,8 @@ def guide(base: str, a: argparse.Namespace, training: str) -> str:
         f"  jobs       {JOB}  simulated: {a.nodes} nodes x {g} devices, {a.layers} MoE layers x "
         f"{a.experts} experts, top-{a.top_k}, {a.step_time:g} s steps",
         f"             {real}",
+        f"             {RL_JOB}  simulated RL post-training: async, staleness bound 1, {RL_DEVICES} devices "
+        "(3 rollout, 5 trainer)",
         f"  logs       {a.data_dir}/logs",
         "",
         "What to look at:",
@@ -70,6 +75,8 @@ def guide(base: str, a: argparse.Namespace, training: str) -> str:
         f"  Memory   {base}/dashboard/memory  memory of every device; {pressure}:",
         "           offload decisions, applied under the auto policy, predicted against measured",
         f"  History  {base}/dashboard/history  any range of steps, summed",
+        f"  RL       {base}/dashboard/rl  (job {RL_JOB}) the devices' phases, idle by cause, staleness, "
+        "weight syncs",
         "",
         "Try the REST API (the first plan comes after about 20 s):",
         f"  curl -s {base}/api/v1/jobs",
@@ -77,6 +84,7 @@ def guide(base: str, a: argparse.Namespace, training: str) -> str:
         f"  curl -s '{base}/api/v1/history/jobs/{JOB}/loads?view=expert&expert=0'",
         f"  curl -s {base}/api/v1/jobs/{JOB}/offload/decisions",
         f"  curl -s {base}/api/v1/jobs/{TRAIN_JOB}/memory",
+        f"  curl -s {base}/api/v1/jobs/{RL_JOB}/rl/idle",
         "Ctrl-C stops everything.",
     ])
 
@@ -124,6 +132,16 @@ class Demo:
             "--agent-socket-template", str(self.dir / "agent-{i}.sock"),
         ])
 
+    def _start_rl(self, grpc: str) -> None:
+        """The RL job: its own agent and ``moeplane simulate --rl async`` (an hour of 5-s steps)."""
+        self._agent("agent-rl", RL_NODE, grpc, RL_JOB, f"0-{RL_DEVICES - 1}", "--collector", "sim",
+                    "--devices", str(RL_DEVICES))
+        self.procs.spawn("simulate-rl", [
+            "simulate", "--rl", "async", "--staleness", "1", "--job-id", RL_JOB, "--nodes", "1",
+            "--gpus-per-node", str(RL_DEVICES), "--steps", "720", "--step-time", "5",
+            "--node-id-template", RL_NODE, "--agent-socket-template", str(self.dir / "agent-rl.sock"),
+        ])
+
     def _start_trainer(self, first_step: int) -> None:
         a = self.args
         self.trainer = self.procs.spawn("train-moe", [
@@ -148,7 +166,7 @@ class Demo:
         """Until Ctrl-C or a child other than the jobs exits; restarts the training job."""
         while not self._stopping:
             for proc in self.procs.started:
-                if proc.running() or proc.name in ("simulate", "train-moe"):
+                if proc.running() or proc.name in ("simulate", "simulate-rl", "train-moe"):
                     continue
                 print(f"{proc.name} exited with {proc.popen.returncode}; stopping the demo",
                       file=sys.stderr)
@@ -171,6 +189,7 @@ class Demo:
             serve = self.procs.start_serve(f"sqlite:///{self.dir / 'moeplane.sqlite'}",
                                            http_port=a.http_port, grpc_port=a.grpc_port, timeout=60)
             self._start_simulated(serve.grpc)
+            self._start_rl(serve.grpc)
             training = "--no-train" if not a.train else training_unavailable()
             if not training:
                 self._agent("agent-train", TRAIN_NODE, serve.grpc, TRAIN_JOB,
