@@ -27,7 +27,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from moeplane.controlplane.balancing.routing import FAR, ITERATIONS, routing_table
+from moeplane.controlplane.balancing.routing import (
+    FAR,
+    ITERATIONS,
+    MOMENTUM,
+    TINY,
+    routing_table,
+)
 
 __all__ = ["DeviceRouting"]
 
@@ -66,6 +72,9 @@ class DeviceRouting:
         self.pad = dev(t.holders == gpus, torch.bool)
         self.rep_expert = dev(t.rep_expert)
         self.alpha = dev(t.alpha, torch.float64)
+        self.entry_row = dev(t.entry_row)
+        rows = int(t.entry_row.max()) + 1 if t.entry_row.size else 0
+        self.row_onehot = dev(np.eye(rows)[t.entry_row], torch.float64)  # [H, rows]
         real = np.bincount(t.rep_expert[t.holders < gpus], minlength=num_experts)
         self.rep_holders = dev(np.maximum(real[t.rep_expert], 1), torch.float64)
         self.layer_of_entry = dev(t.rep_expert // num_experts)
@@ -107,11 +116,14 @@ class DeviceRouting:
         base[g] = FAR
         wr = w[self.rep_expert]
         x = torch.where(self.pad, 0.0, wr / self.rep_holders)
-        start = x
+        start = prev = x
         target = torch.empty_like(x)
         for _ in range(self.iterations):
-            load = base + x @ self.holders_onehot
-            others = load[self.holders] - x
+            v = torch.clamp(x + MOMENTUM * (x - prev), min=0.0)
+            total = (v @ self.row_onehot)[self.entry_row]
+            v = v * (wr / torch.clamp(total, min=TINY))
+            load = base + v @ self.holders_onehot
+            others = load[self.holders] - v
             for lo, hi, wdt in self.buckets:
                 o = others[lo:hi].view(-1, wdt)
                 tokens = wr[lo:hi:wdt]
@@ -123,7 +135,7 @@ class DeviceRouting:
                     low = torch.sort(o, dim=1).values
                     top = ((tokens[:, None] + low @ tri) / size).min(dim=1).values
                 target[lo:hi] = torch.clamp(top[:, None] - o, min=0.0).reshape(-1)
-            x = x + self.alpha * (target - x)
+            prev, x = x, v + self.alpha * (target - v)
         peak_start = (base + start @ self.holders_onehot)[:g].max()
         peak_end = (base + x @ self.holders_onehot)[:g].max()
         x = torch.where(peak_end <= peak_start, x, start)

@@ -15,9 +15,12 @@ GPUs (its *replicated* experts) may divide them freely. Among all divisions, the
 minimises the sum of squared GPU loads also minimises the max (it is the decreasingly minimal
 point of a base polytope; Fujishige). ``route_replicas`` approaches it by damped simultaneous
 water-filling: each replicated expert, given the other experts' load on its GPUs, pours its
-tokens into them to one level; it moves ``OMEGA / m`` of the way there, ``m`` the most
-replicated experts sharing one of its GPUs (with ``OMEGA = 1`` every iteration lowers the
-sum of squares; 1.5 converges faster in practice). After ``ITERATIONS`` rounds the division
+tokens into them to one level; it moves ``1 / m`` of the way there, ``m`` the most
+replicated experts sharing one of its GPUs (so that every such step lowers the sum of
+squares). Load that must travel along a chain of replicated experts diffuses slowly, so each
+round starts from the last division pushed ``MOMENTUM`` further along its last change
+(heavy-ball momentum; clipped at 0 and scaled back to the expert's tokens). After
+``ITERATIONS`` rounds the division
 with the lowest max load seen, per layer, is kept (the even split is the first one seen, so
 the result is never worse than it). Several slots of one expert on one GPU share that GPU's
 tokens evenly. Fractional shares become integers by cumulative rounding over the expert's
@@ -44,7 +47,7 @@ from moeplane.controlplane.balancing.validate import check_count, check_placemen
 
 __all__ = [
     "ITERATIONS",
-    "OMEGA",
+    "MOMENTUM",
     "RoutingTable",
     "fractional_shares",
     "route_replicas",
@@ -53,9 +56,10 @@ __all__ = [
     "routing_table",
 ]
 
-ITERATIONS = 32  # water-filling rounds (the benchmark: within 1 % of the LP optimum)
-OMEGA = 1.5  # over-relaxation of the damped step OMEGA / m
+ITERATIONS = 28  # water-filling rounds (the benchmark: within 1 % of the LP optimum)
+MOMENTUM = 0.7  # share of the last change added before each round
 FAR = 1e30  # load of the padding GPU: never below a water level, never filled
+TINY = 1e-300  # divides an expert without tokens (its shares are all 0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,7 +76,7 @@ class RoutingTable:
     - ``holders [H]``: ``layer*G + gpu`` of each holder of each replicated expert, in buckets
       ``(start, stop, width)`` of rows padded to ``width`` with the padding GPU ``L*G``;
       ``rep_expert [H]``: ``layer*E + expert`` of each entry; ``alpha [H]``: its step
-      ``OMEGA / m``.
+      ``1 / m``; ``entry_row [H]``: the row (replicated expert) of each entry.
     """
 
     layers: int
@@ -89,6 +93,7 @@ class RoutingTable:
     holders: np.ndarray
     rep_expert: np.ndarray
     alpha: np.ndarray
+    entry_row: np.ndarray
     buckets: tuple[tuple[int, int, int], ...]
 
 
@@ -148,7 +153,7 @@ def routing_table(phy2log: np.ndarray, *, gpus: int, num_experts: int) -> Routin
         np.concatenate([np.repeat(b[3], b[2]) for b in buckets]) if buckets
         else np.zeros(0, dtype=np.int64)
     )
-    # m: replicated experts sharing each GPU; a replicated expert steps OMEGA / max m
+    # m: replicated experts sharing each GPU; a replicated expert steps 1 / max m
     real = holders < num_layers * gpus
     sharing = np.bincount(holders[real], minlength=num_layers * gpus + 1)
     sharing[-1] = 0
@@ -162,9 +167,20 @@ def routing_table(phy2log: np.ndarray, *, gpus: int, num_experts: int) -> Routin
         layers=num_layers, experts=num_experts, gpus=gpus, slots=num_slots, order=order,
         pair_of_sorted=pair_of_sorted, pair_slots=pair_slots, pair_gpu=pair_gpu,
         pair_expert=pair_expert, pair_index=pair_index, holders=holders,
-        rep_expert=rep_expert, alpha=OMEGA / m, group_end=group_end,
+        rep_expert=rep_expert, alpha=1.0 / m, group_end=group_end,
+        entry_row=_rows(buckets),
         buckets=tuple((lo, hi, wdt) for lo, hi, wdt, _ in buckets),
     )
+
+
+def _rows(buckets) -> np.ndarray:
+    """``[H]`` row (replicated expert) of each padded entry, numbered across buckets."""
+    out, first = [], 0
+    for lo, hi, wdt, _ in buckets:
+        rows = (hi - lo) // wdt
+        out.append(np.repeat(np.arange(first, first + rows), wdt))
+        first += rows
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
 def _check_loads(loads: object, table: RoutingTable) -> np.ndarray:
@@ -196,11 +212,15 @@ def fractional_shares(table: RoutingTable, loads: np.ndarray, iterations: int = 
     wr = w[table.rep_expert]
     real = np.bincount(table.rep_expert[~pad], minlength=w.size)
     x = np.where(pad, 0.0, wr / np.maximum(real[table.rep_expert], 1))
-    start = x
+    start = prev = x
     target = np.empty_like(x)
+    row = table.entry_row
     for _ in range(iterations):
-        load = base + np.bincount(holders, weights=x, minlength=lg + 1)
-        others = load[holders] - x  # load of the other experts on each holder
+        v = np.maximum(x + MOMENTUM * (x - prev), 0.0)
+        total = np.bincount(row, weights=v)[row]  # >= the expert's tokens when they are > 0
+        v = v * (wr / np.maximum(total, TINY))
+        load = base + np.bincount(holders, weights=v, minlength=lg + 1)
+        others = load[holders] - v  # load of the other experts on each holder
         for lo, hi, wdt in table.buckets:
             o = others[lo:hi].reshape(-1, wdt)
             tokens = wr[lo:hi:wdt]
@@ -214,7 +234,7 @@ def fractional_shares(table: RoutingTable, loads: np.ndarray, iterations: int = 
                 tri, size = _prefix_sums(wdt)
                 top = ((tokens[:, None] + np.sort(o, axis=1) @ tri) / size).min(axis=1)
             target[lo:hi] = np.maximum(top[:, None] - o, 0.0).ravel()
-        x = x + alpha * (target - x)
+        prev, x = x, v + alpha * (target - v)
     x = _better_of(table, base, start, x)
     shares = w[table.pair_expert]
     rep = ~single
