@@ -4,10 +4,10 @@ on free ports and a temporary data directory.
 
 Within 90 s both jobs have loads, applied plans and memory profiles, and the simulated job an
 applied offload decision with its measured peak; headless Chromium then opens every page for
-both jobs (screenshots under ``artifacts/screenshots/demo-*.png``), sees a host-bound spell
-flagged on the cluster page and the dashboard's first view within its 1.5 s budget; the curl
-lines the demo prints answer; the demo's own processes leave at least half of 2 cores idle
-(their CPU time, measured with psutil: the machine may be shared); Ctrl-C stops everything.
+both jobs (screenshots under ``artifacts/screenshots/demo-*.png``) and sees a host-bound spell
+flagged on the cluster page; the curl lines the demo prints answer; Ctrl-C stops everything.
+The demo's CPU and the dashboard's first view while it runs are measured by
+``benchmarks/demo.py`` (docs/bench-demo.md).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -44,8 +43,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.torch]
 # job -> (layers, experts, devices): the demo's defaults
 JOBS = {"demo-job": (12, 48, 32), "train-moe": (4, 16, 4)}
 READY_S = 90.0  # the issue's promise: data from both jobs on every page within 90 s
-FIRST_VIEW_S = 1.5  # the dashboard's budget (ARCHITECTURE.md)
-MAX_CORES = 1.5  # on 2 cores the demo leaves at least half a core idle
 
 
 @dataclass
@@ -88,6 +85,7 @@ def demo(tmp_path_factory):
         yield running
     finally:
         if popen.poll() is None:
+            running.children = running.processes()[1:]
             popen.send_signal(signal.SIGINT)
             try:
                 popen.wait(30)
@@ -153,17 +151,6 @@ def history_shown(driver, job: str) -> bool:
 SHOWN = {"experts": experts_shown, "plans": plans_shown, "memory": memory_shown,
          "history": history_shown}
 
-_FIRST_VIEW = """
-const [cells, done] = arguments;
-(function poll() {
-  const g = document.querySelector('#cluster-grid .js-plotly-plot');
-  let n = 0;
-  if (g && g.data && g.data[0] && g.data[0].z) for (const r of g.data[0].z) for (const v of r) if (v !== null) n++;
-  if (n >= cells && g.querySelector('.heatmaplayer')) done(performance.now()); else requestAnimationFrame(poll);
-})();
-"""
-
-
 def test_every_page_shows_both_jobs_within_90_s(demo, browser):
     wait_for(lambda: ready(demo), READY_S - (time.monotonic() - demo.started),
              "loads, applied plans and memory of both jobs and an applied offload decision")
@@ -214,44 +201,6 @@ def test_every_page_shows_both_jobs_within_90_s(demo, browser):
     assert still_same_page(browser), "the page reloaded"
 
 
-def busy_cores(procs: list[psutil.Process]) -> float:
-    """CPU seconds ``procs`` (and their children) have used so far."""
-    total = 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:  # gone (e.g. a restarted training job's old ranks)
-            continue
-    return total
-
-
-def test_first_view_within_budget_while_the_demo_runs(demo, browser):
-    """Navigation start until the cluster grid shows the simulated devices, in the page
-    (median of 3 loads after a first). Other processes on a shared machine slow the browser
-    down: when they used more than half a core meanwhile, the test reports and skips."""
-    url = demo.base + "/dashboard/cluster"
-    ours = demo.processes() + [psutil.Process(browser.service.process.pid)]
-    ours += ours[-1].children(recursive=True)
-    busy0, own0, t0 = psutil.cpu_times(), busy_cores(ours), time.monotonic()
-    times = []
-    for _ in range(4):
-        browser.get("about:blank")
-        browser.get(url)
-        times.append(browser.execute_async_script(_FIRST_VIEW, 32) / 1000.0)
-    busy1, wall = psutil.cpu_times(), time.monotonic() - t0
-    busy = sum(getattr(busy1, f) - getattr(busy0, f)
-               for f in ("user", "nice", "system", "irq", "softirq"))
-    others = (busy - (busy_cores(ours) - own0)) / wall
-    median = statistics.median(times[1:])
-    print(f"cluster first view in the running demo: {times[0]:.2f} s first load, {median:.2f} s "
-          f"median of later loads; other processes used {others:.2f} cores meanwhile")
-    if median > FIRST_VIEW_S and others > 0.5:
-        pytest.skip(f"first view {median:.2f} s, but other processes used {others:.2f} cores "
-                    "of this machine meanwhile")
-    assert median <= FIRST_VIEW_S, times
-
-
 def test_printed_curl_lines_answer(demo):
     lines = [x.strip() for x in demo.output().splitlines() if x.strip().startswith("curl -s ")]
     assert any("/plans/1" in x for x in lines) and any("view=expert" in x for x in lines)
@@ -260,19 +209,6 @@ def test_printed_curl_lines_answer(demo):
         r = wait_for(lambda t=target: (r := httpx.get(t, timeout=10)).status_code == 200 and r,
                      60, target)
         assert r.json(), target
-
-
-def test_demo_leaves_half_a_core_idle(demo, browser):
-    """CPU time of the demo's own processes over 30 s while the dashboard refreshes in a
-    browser (the browser itself is not counted), in cores."""
-    browser.get(demo.base + "/dashboard/experts")
-    procs = demo.processes()
-    demo.children = procs[1:]
-    c0, t0 = busy_cores(procs), time.monotonic()
-    wait_for(lambda: time.monotonic() - t0 >= 30, 40, "30 s")
-    cores = (busy_cores(procs) - c0) / (time.monotonic() - t0)
-    print(f"the demo's processes used {cores:.2f} cores over 30 s ({len(procs)} processes)")
-    assert cores <= MAX_CORES, cores
 
 
 def test_ctrl_c_stops_everything(demo):
