@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from moeplane.controlplane.wire import moeplane_pb2 as pb
-from moeplane.controlplane.wire.arrays import decode_array, encode_array
+from moeplane.controlplane.wire.arrays import encode_array
 from tests.agents.test_local_endpoint import Rank
 
 
@@ -27,18 +27,18 @@ def step(n: int, counts: np.ndarray, *, tokens: int = 9, timestamp: float = 1.7e
     ({"timestamp": -5.0}, "step.timestamp"),
 ])
 def test_bad_rank_statistics_are_refused_and_the_other_ranks_still_count(local_agent, bad, field):
-    ingest, channel = local_agent
+    server, channel = local_agent
     r0, r1 = Rank(channel, 0), Rank(channel, 1)
     r0.outbox.put(step(3, np.full((2, 4), 2, np.int64), **bad))
     ack = next(r0.responses).ack
     assert ack.code == 3 and field in ack.message, ack.message
     r0.outbox.put(step(3, np.full((2, 4), 2, np.int64)))
     r1.outbox.put(step(3, np.full((2, 4), 5, np.int64)))
-    loads = ingest.wait_for(lambda s: s.loads.get(("j1", "node-0", 3)))
-    assert list(loads.ranks) == [0, 1]
-    assert (decode_array(loads.counts, "c", shape=(2, 4)) == 7).all()
-    stats = ingest.wait_for(lambda s: [m.step_stats for m in s.stored.values()
-                                       if m.WhichOneof("body") == "step_stats"])
-    assert [(r.rank, r.tokens) for r in stats[0].ranks] == [(0, 9), (1, 9)]
+    loads = server.wait(lambda s: s.api.get("/jobs/j1/loads/latest").json(), what="step 3")
+    assert loads["step"] == 3 and np.array_equal(loads["counts"], np.full((2, 4), 7))
+    assert server.rows("SELECT ranks FROM load_parts WHERE job_id = 'j1'") == [("0,1",)]
+    stats = server.wait(lambda s: len(got := s.api.get("/jobs/j1/steps").json()) == 2 and got,
+                        what="both ranks' step statistics")
+    assert sorted((r["rank"], r["tokens"]) for r in stats) == [(0, 9), (1, 9)]
     r0.close()
     r1.close()
