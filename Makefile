@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 $(VENV)/.torch: $(STAMP)
 	$(PIP) install -q 'torch==2.13.0'
+	$(PIP) install -q -e '.[hf]'  # transformers: the HF adapters and expert parallelism
 	touch $(VENV)/.torch
 
 torch: $(VENV)/.torch
