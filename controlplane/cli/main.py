@@ -18,6 +18,7 @@ SUBCOMMAND_MODULES = (
     "simulate",
     "demo",
     "plan",
+    "replay",
     "token",
     "loadgen",
     "load_import",

@@ -1,0 +1,88 @@
+"""``moeplane replay`` as a real process: the report of a small trace, and bad input refused
+with exit status 2 and one line naming what is wrong."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from benchmarks.planner_traces import drifting_trace
+from moeplane.controlplane.store import migrate
+from moeplane.controlplane.store import tables as t
+
+pytestmark = pytest.mark.slow
+
+
+def run_replay(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "moeplane.controlplane.cli.main", "replay", *map(str, args)],
+        capture_output=True, text=True, timeout=300,
+    )
+
+
+def save(tmp_path, arr, name="trace.npy"):
+    path = tmp_path / name
+    np.save(path, arr)
+    return path
+
+
+def test_replays_every_policy_on_a_trace(tmp_path):
+    trace = np.rint(drifting_trace(40, 3, 16, tokens_per_layer=8000, seed=2, drift=0.05))
+    report = tmp_path / "r.json"
+    res = run_replay("--trace", save(tmp_path, trace.astype(np.int64)), "--gpus", 4,
+                     "--slots-per-gpu", 5, "--nodes", 2, "--bandwidth", "1e11,2.5e10",
+                     "--report", report)
+    assert res.returncode == 0, res.stderr
+    rep = json.loads(report.read_text())
+    assert rep["steps"] == 20 and set(rep["policies"]) == {
+        "controller", "once", "eplb@10", "eplb@50", "oracle"}
+    for run in rep["policies"].values():
+        assert len(run["expert_s"]) == 20
+        assert run["total_s_per_step"] == pytest.approx(
+            run["expert_s_per_step"] + run["stall_s_per_step"])
+    assert rep["policies"]["eplb@10"]["plans"] == 1  # step 30 (20 is the start)
+    # the oracle re-plans every step for free: no policy beats its expert time
+    oracle = rep["policies"]["oracle"]["expert_s_per_step"]
+    assert all(r["expert_s_per_step"] >= oracle * 0.999 for r in rep["policies"].values())
+    ours = rep["policies"]["controller"]["total_s_per_step"]
+    assert rep["speedup"]["vs_once"] == pytest.approx(
+        rep["policies"]["once"]["total_s_per_step"] / ours)
+    assert "the better EPLB cadence" in res.stdout
+
+
+@pytest.mark.parametrize(
+    "arr,args,message",
+    [
+        (np.ones((30, 16)), (), "--trace: expected [steps, layers, experts], got 2 dimensions"),
+        (np.ones((30, 2, 16), dtype=bool), (), "--trace: expected integer or float tokens"),
+        (-np.ones((30, 2, 16)), (), "--trace: loads must be non-negative"),
+        (np.ones((30, 2, 16)), ("--slots-per-gpu", 3), "--gpus * --slots-per-gpu = 12 is fewer"),
+        (np.ones((10, 2, 16)), (), "--trace: 10 steps, need more than --warmup 20"),
+    ],
+)
+def test_bad_traces_exit_2_with_one_line(tmp_path, arr, args, message):
+    base = {"--gpus": 4, "--slots-per-gpu": 5}
+    base.update(dict(zip(args[::2], args[1::2], strict=True)))
+    flat = [x for kv in base.items() for x in kv]
+    res = run_replay("--trace", save(tmp_path, arr), *flat)
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
+
+
+def test_a_job_without_stored_loads_exits_2(tmp_path):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    migrate.upgrade(url, "head")
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(t.jobs).values(job_id="quiet", created_at=time.time()))
+    engine.dispose()
+    for job, message in (("quiet", "job 'quiet' has no stored loads"), ("ghost", "no job 'ghost'")):
+        res = run_replay("--job", job, "--database-url", url, "--gpus", 4, "--slots-per-gpu", 5)
+        assert res.returncode == 2
+        assert res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
