@@ -211,6 +211,23 @@ def test_printed_curl_lines_answer(demo):
         assert r.json(), target
 
 
+def test_training_job_is_restarted_where_it_left_off(demo):
+    """A rank that dies ends torchrun; the demo starts the training again, numbering its steps
+    past every step already stored."""
+    ranks = [p for p in demo.processes() if "train_moe.py" in " ".join(p.cmdline())
+             and "torch.distributed.run" not in " ".join(p.cmdline())]
+    assert len(ranks) == 4
+    before = demo.api("/jobs/train-moe")["latest_step"]
+    ranks[1].kill()
+    said = wait_for(lambda: re.search(r"train-moe exited with -?\d+; restarting it at step (\d+)",
+                                      demo.output()), 60, "the demo to restart the training job")
+    first = int(said[1])
+    assert first > before
+    wait_for(lambda: demo.api("/jobs/train-moe")["latest_step"] >= first + 3, 90,
+             "steps of the restarted training job")
+    assert not any(p.is_running() for p in ranks)
+
+
 def test_ctrl_c_stops_everything(demo):
     demo.children = demo.processes()[1:]
     assert len(demo.children) >= 1 + 4 + 1 + 1 + 1 + 4  # serve, agents, jobs, torchrun's ranks
