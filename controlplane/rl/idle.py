@@ -164,51 +164,80 @@ def analyze(spans: Spans) -> IdleReport:
         sw_or_sync = iv.union(np.concatenate([sync_all[0], switch_all[0]]),
                               np.concatenate([sync_all[1], switch_all[1]]))
         bottleneck[si] = int(np.argmax([iv.length(gen_all), iv.length(train_all), iv.length(sw_or_sync)]))
-        devs = dev_of[rows]
-        dbounds = np.flatnonzero(np.diff(devs)) + 1
-        for drows in np.split(np.arange(rows.size), dbounds):
-            di = int(devs[drows[0]])
-            present[si, di] = True
-            own = step.take(drows)
-            _device_step(own, lo, hi, gen_all, train_all, sync_all, switch_all,
-                         out, cause, si, di, roles[di] == _ROLLOUT)
+        _step_devices(step, dev_of[rows], lo, hi, (gen_all, train_all, sync_all, switch_all), roles, out, cause,
+                      present, si)
     return IdleReport(steps, ranks.astype(np.int32), roles, window_start, wall, present,
                       out["productive"], out["sync"], out["switch"], out["idle"], cause,
                       out["generate"], bottleneck)
 
 
-def _device_step(own: Spans, lo, hi, gen_all, train_all, sync_all, switch_all, out, cause, si, di,
-                 rollout: bool) -> None:
-    prod = _class_union(own, _PRODUCTIVE, lo, hi)
-    sync = _class_union(own, _SYNC, lo, hi)
-    switch = _class_union(own, _SWITCH, lo, hi)
-    wait = _class_union(own, _WAIT, lo, hi)
-    gen_own = _class_union(own, _GEN, lo, hi)
-    out["generate"][si, di] = iv.length(gen_own)
-    left, width, mid = iv.segments(lo, hi, prod, sync, switch, wait, gen_all, train_all, sync_all,
-                                   switch_all)
-    in_prod = iv.covered(mid, prod)
-    in_sync = iv.covered(mid, sync) & ~in_prod
-    in_switch = iv.covered(mid, switch) & ~in_prod & ~in_sync
+def _own_cover(step: Spans, key0: np.ndarray, rel_s: np.ndarray, rel_e: np.ndarray, codes: np.ndarray,
+               mid: np.ndarray) -> np.ndarray:
+    """bool [K]: whether each segment midpoint (a device key, see ``_step_devices``) lies in one of
+    that device's spans of a phase in ``codes``."""
+    m = np.isin(step.phase, codes)
+    starts, ends = np.sort(key0[m] + rel_s[m]), np.sort(key0[m] + rel_e[m])
+    return (np.searchsorted(starts, mid, side="right") - np.searchsorted(ends, mid, side="right")) > 0
+
+
+def _step_devices(step: Spans, devs: np.ndarray, lo: float, hi: float, unions, roles: np.ndarray, out: dict,
+                  cause: np.ndarray, present: np.ndarray, si: int) -> None:
+    """Every device of one step at once. Device ``d``'s window [lo, hi) is laid at key offset
+    ``d * W`` (W = wall + 1 s) so that one sorted array of boundaries holds every device's
+    elementary segments: its own span edges and the job-wide class unions' edges."""
+    wall = hi - lo
+    width_key = wall + 1.0
+    key0 = devs.astype(np.float64) * width_key
+    rel_s, rel_e = np.clip(step.start - lo, 0, wall), np.clip(step.end - lo, 0, wall)
+    here = np.unique(devs)
+    present[si, here] = True
+    job_edges = np.concatenate([np.array([0.0, wall])] + [np.concatenate(u) - lo for u in unions])
+    keys = np.unique(np.concatenate([key0 + rel_s, key0 + rel_e,
+                                     (here.astype(np.float64) * width_key)[:, None].repeat(job_edges.size, 1).ravel()
+                                     + np.tile(np.clip(job_edges, 0, wall), here.size)]))
+    seg_dev = np.floor(keys[:-1] / width_key).astype(np.int64)
+    offset = keys[:-1] - seg_dev * width_key
+    keep = offset < wall  # not the gap between one device's window end and the next one's start
+    left, right, seg_dev = keys[:-1][keep], keys[1:][keep], seg_dev[keep]
+    width, mid = right - left, (left + right) / 2
+    mid_t = mid - seg_dev * width_key + lo  # back to unix seconds for the job-wide unions
+    own = {name: _own_cover(step, key0, rel_s, rel_e, codes, mid)
+           for name, codes in (("prod", _PRODUCTIVE), ("sync", _SYNC), ("switch", _SWITCH), ("wait", _WAIT),
+                               ("gen", _GEN))}
+    in_prod = own["prod"]
+    in_sync = own["sync"] & ~in_prod
+    in_switch = own["switch"] & ~in_prod & ~in_sync
     idle = ~(in_prod | in_sync | in_switch)
-    out["productive"][si, di] = width[in_prod].sum()
-    out["sync"][si, di] = width[in_sync].sum()
-    out["switch"][si, di] = width[in_switch].sum()
-    out["idle"][si, di] = width[idle].sum()
-    left_over = idle.copy()
-    generated = gen_own[0].size > 0
+    D = present.shape[1]
+
+    def per_device(mask: np.ndarray) -> np.ndarray:
+        return np.bincount(seg_dev[mask], weights=width[mask], minlength=D)
+
+    out["productive"][si] += per_device(in_prod)
+    out["sync"][si] += per_device(in_sync)
+    out["switch"][si] += per_device(in_switch)
+    out["idle"][si] += per_device(idle)
+    gen_time = per_device(own["gen"])
+    out["generate"][si] += gen_time
+    generated = (gen_time > 0)[seg_dev]
+    rollout = (roles == _ROLLOUT)[seg_dev]
+    gen_all, train_all, sync_all, switch_all = unions
+    c = {name: CAUSES.index(name) for name in CAUSES}
     rules = (
-        (iv.covered(mid, wait), "staleness_throttle" if rollout else "starvation"),
-        (iv.covered(mid, gen_all), "generation_tail" if generated else "starvation"),
-        (iv.covered(mid, sync_all), "refit_bubble"),
-        (iv.covered(mid, switch_all), "mode_switch"),
-        (iv.covered(mid, train_all) if rollout else np.zeros(mid.shape, dtype=bool), "staleness_throttle"),
-        (np.ones(mid.shape, dtype=bool), "other"),
+        (own["wait"], np.where(rollout, c["staleness_throttle"], c["starvation"])),
+        (iv.covered(mid_t, gen_all), np.where(generated, c["generation_tail"], c["starvation"])),
+        (iv.covered(mid_t, sync_all), c["refit_bubble"]),
+        (iv.covered(mid_t, switch_all), c["mode_switch"]),
+        (iv.covered(mid_t, train_all) & rollout, c["staleness_throttle"]),
+        (np.ones(mid.shape, dtype=bool), c["other"]),
     )
-    for hit, name in rules:
-        take = left_over & hit
-        cause[si, di, CAUSES.index(name)] += width[take].sum()
-        left_over &= ~take
+    which = np.full(mid.shape, -1, dtype=np.int64)
+    for hit, index in rules:
+        take = idle & hit & (which < 0)
+        which[take] = np.broadcast_to(index, mid.shape)[take]
+    m = which >= 0
+    cause[si] += np.bincount(seg_dev[m] * len(CAUSES) + which[m], weights=width[m],
+                             minlength=D * len(CAUSES)).reshape(D, len(CAUSES))
 
 
 def step_black_hole_fractions(report: IdleReport) -> np.ndarray:
