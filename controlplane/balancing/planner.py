@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moeplane.controlplane.balancing.eplb import eplb_greedy
+from moeplane.controlplane.balancing.groups import check_groups, grouped_placement
 from moeplane.controlplane.balancing.placement import (
     gpu_loads,
     identity_placement,
@@ -121,6 +122,7 @@ def plan_placement(
     reshuffle_above: float = 0.05,
     cross_node_weight: float = 0.5,
     search: str = "repair",
+    groups: int | None = None,
 ) -> Plan:
     """Place ``loads [L, E]`` (tokens per logical expert; float or int, finite, >= 0) on
     ``gpus`` GPUs of ``slots_per_gpu`` slots each (G*S >= E), spread over ``nodes`` nodes
@@ -136,8 +138,11 @@ def plan_placement(
     steps, ``"repair"`` (``repair.repair_search``: every GPU above EPLB's greedy +
     ``tolerance``, by the steps that remove the most excess per move; the default) or
     ``"relieve"`` (``search.local_search``: the most loaded GPUs of each layer first; more
-    moves for the same balance). Pure and deterministic. Raises
-    ValueError naming the argument on bad input.
+    moves for the same balance). ``groups`` = K: experts ``g*E/K .. (g+1)*E/K-1`` form
+    group ``g``, and every replica of a group stays on one node (``groups.grouped_placement``:
+    groups packed onto nodes as EPLB's hierarchical policy, then each node planned on its own
+    GPUs); fresh plans only for now. Pure and deterministic. Raises ValueError naming the
+    argument on bad input.
     """
     w = check_loads(loads)
     gpus = check_count("gpus", gpus)
@@ -167,9 +172,16 @@ def plan_placement(
     cur = None
     if current is not None:
         cur = check_placement("current", current, num_layers, num_slots, num_experts)
+    if groups is not None:
+        groups = check_count("groups", groups)
+        check_groups(groups, num_experts, gpus, slots_per_gpu, nodes)
+        if cur is not None:
+            raise ValueError("groups: only fresh plans (no current) keep groups on nodes yet")
 
     baseline = cur if cur is not None else identity_placement(num_layers, num_experts, num_slots)
-    if cur is None:
+    if cur is None and groups is not None:
+        new = grouped_placement(w, gpus, slots_per_gpu, nodes, groups, fresh_placement)
+    elif cur is None:
         new = fresh_placement(w, gpus, slots_per_gpu)
     else:
         # the incremental reference is EPLB's greedy alone: local search would tighten the

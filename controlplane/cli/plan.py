@@ -2,6 +2,7 @@
 
     moeplane plan --loads LOADS.npy --gpus G --slots-per-gpu S [--nodes N]
                   [--current CURRENT.npy] [--max-moves K] [--search repair|relieve]
+                  [--groups K]
                   --out PLAN.npy [--report REPORT.json]
 
 LOADS.npy: float or integer ``[L, E]``; CURRENT.npy and PLAN.npy: int64 ``[L, G*S]``.
@@ -38,6 +39,9 @@ def register(subparsers) -> None:
     parser.add_argument("--search", choices=("repair", "relieve"), default="repair",
                         help="incremental search without --max-moves: repair (default) or "
                              "relieve (the most loaded GPUs first: more moves for the same balance)")
+    parser.add_argument("--groups", type=int,
+                        help="K expert groups (experts g*E/K..(g+1)*E/K-1), each kept on one "
+                             "node, as DeepSeek-V3's node-limited routing needs (fresh plans)")
     parser.add_argument("--out", required=True, help="PLAN.npy to write, int64 [L, G*S]")
     parser.add_argument("--report", help="REPORT.json to write")
 
@@ -97,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
                 current=current,
                 max_moves=args.max_moves,
                 search=args.search,
+                groups=args.groups,
             )
         except ValueError as exc:
             raise _BadInput(_flag_names(str(exc))) from None
@@ -128,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         "incremental": plan.incremental,
         "max_moves": args.max_moves,
         "search": args.search,
+        "groups": args.groups,
         "before_placement": "current" if plan.incremental else "identity (slot % E)",
     }
     if args.report:
@@ -150,6 +156,7 @@ _FLAGS = {
     "slots_per_gpu": "--slots-per-gpu",
     "nodes": "--nodes",
     "max_moves": "--max-moves",
+    "groups": "--groups",
 }
 
 

@@ -128,3 +128,22 @@ def test_bad_input_exits_2_with_one_line(tmp_path, loads_file, make, args, words
     assert len(lines) == 1, res.stderr
     assert words in lines[0]
     assert not (tmp_path / "plan.npy").exists()
+
+
+def test_groups_keep_each_group_on_one_node(tmp_path, loads_file):
+    path, _ = loads_file
+    out, report = tmp_path / "plan.npy", tmp_path / "report.json"
+    res = run_plan("--loads", path, "--gpus", 4, "--slots-per-gpu", 5, "--nodes", 2,
+                   "--groups", 4, "--out", out, "--report", report)
+    assert res.returncode == 0, res.stderr
+    plan = np.load(out)
+    node = np.arange(20) // 10
+    for row in plan:
+        for g in range(4):
+            assert len(set(node[row // 4 == g].tolist())) == 1
+    assert json.loads(report.read_text())["groups"] == 4
+    bad = run_plan("--loads", path, "--gpus", 4, "--slots-per-gpu", 5, "--groups", 3,
+                   "--out", out)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().endswith("--groups: groups = 3 does not divide the 16 experts")
+
