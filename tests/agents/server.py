@@ -77,6 +77,12 @@ class Server:
         return [s for (s,) in self.rows("SELECT seq FROM received WHERE node_id = ? ORDER BY seq",
                                         node)]
 
+    def get(self, path: str, **params):
+        """The JSON of ``GET /api/v1<path>``, or None unless it answered 200 (e.g. a job the
+        control plane has not heard of yet)."""
+        r = self.api.get(path, params=params)
+        return r.json() if r.status_code == 200 else None
+
     def metric(self, name: str) -> float:
         """A sample of ``/api/v1/metrics`` without labels (0 when absent)."""
         for line in self.api.get("/metrics").text.splitlines():
@@ -95,4 +101,4 @@ class Server:
         return r.json()["epoch"]
 
     def plan(self, job: str, epoch: int) -> dict:
-        return next(p for p in self.api.get(f"/jobs/{job}/plans").json() if p["epoch"] == epoch)
+        return next(p for p in self.get(f"/jobs/{job}/plans") or [] if p["epoch"] == epoch)

@@ -83,7 +83,7 @@ def test_bad_step_is_rejected_on_the_stream_and_good_steps_are_summed(local_agen
     assert ack.code == 3 and "step.counts.shape" in ack.message and ack.seq == 0
     r0.step(0, np.full((2, 4), 2, np.int64))  # the stream survived
     r1.step(0, np.full((2, 4), 5, np.int64))
-    loads = server.wait(lambda s: s.api.get("/jobs/j1/loads/latest").json(), what="step 0")
+    loads = server.wait(lambda s: s.get("/jobs/j1/loads/latest"), what="step 0")
     assert loads["step"] == 0 and np.array_equal(loads["counts"], np.full((2, 4), 7))
     assert server.rows("SELECT ranks FROM load_parts WHERE job_id = 'j1'") == [("0,1",)]
 

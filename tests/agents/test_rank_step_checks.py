@@ -34,10 +34,10 @@ def test_bad_rank_statistics_are_refused_and_the_other_ranks_still_count(local_a
     assert ack.code == 3 and field in ack.message, ack.message
     r0.outbox.put(step(3, np.full((2, 4), 2, np.int64)))
     r1.outbox.put(step(3, np.full((2, 4), 5, np.int64)))
-    loads = server.wait(lambda s: s.api.get("/jobs/j1/loads/latest").json(), what="step 3")
+    loads = server.wait(lambda s: s.get("/jobs/j1/loads/latest"), what="step 3")
     assert loads["step"] == 3 and np.array_equal(loads["counts"], np.full((2, 4), 7))
     assert server.rows("SELECT ranks FROM load_parts WHERE job_id = 'j1'") == [("0,1",)]
-    stats = server.wait(lambda s: len(got := s.api.get("/jobs/j1/steps").json()) == 2 and got,
+    stats = server.wait(lambda s: len(got := (s.get("/jobs/j1/steps") or [])) == 2 and got,
                         what="both ranks' step statistics")
     assert sorted((r["rank"], r["tokens"]) for r in stats) == [(0, 9), (1, 9)]
     r0.close()
