@@ -43,16 +43,3 @@ def covered(x: np.ndarray, iv) -> np.ndarray:
     i = np.searchsorted(s, x, side="right") - 1
     return (i >= 0) & (x < e[np.maximum(i, 0)])
 
-
-def segments(lo: float, hi: float, *sets):
-    """Elementary segments of ``[lo, hi)`` cut at every boundary of ``sets``: (left [K],
-    width [K], midpoint [K]) float64, widths > 0."""
-    points = [np.array([lo, hi])]
-    for s, e in sets:
-        points.extend((s, e))
-    cuts = np.unique(np.clip(np.concatenate(points), lo, hi))
-    width = np.diff(cuts)
-    keep = width > 0
-    left = cuts[:-1][keep]
-    width = width[keep]
-    return left, width, left + width / 2
