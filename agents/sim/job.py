@@ -191,6 +191,7 @@ class SimulatedJob:
             profiles.append(mem.profile(measured, o.device_id(r), r))
             overhead = max(overhead, measured.plan.overhead())
             if report is not None:
+                report.step = step
                 reports[r] = report
                 log.info("step %d: rank %d %s offload decision %d (%s): peak %.1f GiB",
                          step, r, pb.PlanState.Name(report.state), report.decision_id,

@@ -175,7 +175,9 @@ def test_offload_decisions_reach_the_simulated_ranks_and_their_reports_go_out():
     sim._on_offload(r, as_message(decision, 11))
     _t, steps = run_step(sim, links)
     assert [m.WhichOneof("body") for m in links[r].sent[-2:]] == ["step", "offload_report"]
-    assert links[r].sent[-1].offload_report.state == pb.PLAN_STATE_APPLIED
+    report = links[r].sent[-1].offload_report
+    assert report.state == pb.PLAN_STATE_APPLIED and report.step == 2  # at the next step
+    assert report.measured_used_bytes == steps[r].memory.used_bytes
     assert steps[r].memory.used_bytes <= high + 4 * SPEC.noise_bytes
     assert steps[r].memory.applied_actions
 
