@@ -103,6 +103,8 @@ class ExpertParallel:
 
         Raises :class:`PlanRejected` (naming the field) for a bad ``phy2log`` or an epoch not
         newer than the running one, and when any rank failed; the running placement stays.
+        With a control plane connected (:meth:`connect`) placement is its job: an epoch used
+        here makes its plans of the same or a lower epoch stale.
         """
         if optimizer is not None:
             self.applier.optimizer = optimizer
@@ -127,6 +129,9 @@ class ExpertParallel:
             raise error
         if report is None or report.state != pb.PLAN_STATE_APPLIED:
             raise PlanRejected("phy2log", report.error if report else "another rank rejected it")
+        if report.epoch != epoch:
+            raise PlanRejected("epoch", f"the pending plan {report.epoch} (from the control "
+                               f"plane) ran instead of epoch {epoch}")
         return report
 
     def step_boundary(self, step: int) -> pb.PlanReport | None:
