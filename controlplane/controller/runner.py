@@ -30,7 +30,7 @@ from moeplane.controlplane.store.lifecycle import Fenced
 from moeplane.controlplane.store.placements import PlacementSource
 
 log = logging.getLogger(__name__)
-MEASURE_STEPS = 10  # a plan's measured balancedness: the mean over its first steps
+MEASURE_STEPS = 10  # a plan's measured balancedness: the mean over (up to) its first steps
 
 
 class Controller(ReconcileLoop):
@@ -69,8 +69,8 @@ class Controller(ReconcileLoop):
         now = self.clock()
         # plan rows without their [L, G*S] placement (3.8 MB at 58x8192) on every tick
         running = P.latest_plan(self.engine, job_id, (Status.APPLIED,), with_placement=False)
-        if running and running["measured_after"] is None and running["applied_step"] is not None \
-                and placement.epoch == running["epoch"]:
+        if running and running["applied_step"] is not None and placement.epoch == running["epoch"] \
+                and (running["measured_step"] or -1) < running["applied_step"] + MEASURE_STEPS:
             self._measure(job_id, running | {"phy2log": placement.phy2log})
         in_flight = P.latest_plan(self.engine, job_id, IN_FLIGHT, with_placement=False)
         if in_flight is not None:
@@ -133,12 +133,13 @@ class Controller(ReconcileLoop):
         return True
 
     def _measure(self, job_id: str, plan: dict) -> None:
-        # the mean over the first MEASURE_STEPS steps under the plan, as predicted_after is
-        # the mean over the window's steps
+        # the mean over the plan's first MEASURE_STEPS steps (as predicted_after is the mean
+        # over the window's steps), refined as they arrive: a plan replaced sooner keeps the
+        # mean over the steps it ran
         after = q.loads_history(
             self.engine, job_id, q.Range(step_start=plan["applied_step"] + 1, limit=MEASURE_STEPS)
         )
-        if len(after) < MEASURE_STEPS:
+        if not after or after[-1]["step"] == plan["measured_step"]:
             return
         window = np.stack([a["counts"] for a in after]).astype(np.float64)
         value = float(routed_balancedness(window, plan["phy2log"], gpus=plan["world_size"]).mean())
