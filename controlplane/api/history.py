@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from moeplane.controlplane.api.deps import EngineDep, get_placements
 from moeplane.controlplane.api.plans import PlanSummary
+from moeplane.controlplane.api.readcache import ReadCache
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
 from moeplane.controlplane.retention import RetentionPolicy
 from moeplane.controlplane.store import history as H
@@ -141,6 +142,14 @@ def _window(request: Request, engine, start, end, step_start, step_end, bucket_s
     return H.plan_window(max(0.0, start), end, bucket_s, limit, now, _policy(request), raw_kind=kind)
 
 
+async def _cached(request: Request, compute, model) -> Response:
+    """``compute()``'s page as JSON, shared by identical reads within a second (ReadCache)."""
+    cache = getattr(request.app.state, "read_cache", None)
+    if cache is None:
+        cache = request.app.state.read_cache = ReadCache()
+    return await cache.json((request.url.path, request.url.query), compute, model)
+
+
 def _empty(bucket_s: int | None, **extra) -> dict:
     return {"bucket_s": bucket_s or 1, "source": "raw", "start": 0, "end": 0, "next_start": None,
             "raw_from": 0, "items": []} | extra
@@ -166,11 +175,15 @@ async def device_metric(
     start: Start = None, end: End = None, bucket_s: Bucket = None, limit: Limit = 500, format: Format = "json",
 ):
     """count, mean, max, p95 of one device metric per bucket (units: the metric's suffix)."""
-    win = _window(request, engine, start, end, None, None, bucket_s, limit)
-    page = await asyncio.to_thread(H.device_metric, engine, device_id, metric, win)
-    if format == "csv":
-        return _csv(page["items"], ["start", "count", "mean", "max", "p95"], page)
-    return page
+
+    async def compute() -> dict:
+        win = _window(request, engine, start, end, None, None, bucket_s, limit)
+        return await asyncio.to_thread(H.device_metric, engine, device_id, metric, win)
+
+    if format == "json":
+        return await _cached(request, compute, MetricHistory)
+    page = await compute()
+    return _csv(page["items"], ["start", "count", "mean", "max", "p95"], page)
 
 
 @router.get("/jobs/{job_id}/steps", response_model=StepHistory, responses=RESPONSES)
@@ -181,16 +194,19 @@ async def step_stats(
     bucket_s: Bucket = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100, format: Format = "json",
 ):
     """Per bucket and rank: step time (s) and host-bound ratio mean/max/p95, tokens summed."""
-    await asyncio.to_thread(require_job, engine, job_id)
-    win = await asyncio.to_thread(_window, request, engine, start, end, step_start, step_end, bucket_s, limit,
-                                  job_id, "steps")
-    if win is None:
-        page = _empty(bucket_s, job_id=job_id)
-    else:
-        page = await asyncio.to_thread(H.step_stats, engine, job_id, win, rank, (step_start, step_end))
-    if format == "csv":
-        return _csv(page["items"], list(StepPoint.model_fields), page)
-    return page
+
+    async def compute() -> dict:
+        await asyncio.to_thread(require_job, engine, job_id)
+        win = await asyncio.to_thread(_window, request, engine, start, end, step_start, step_end, bucket_s,
+                                      limit, job_id, "steps")
+        if win is None:
+            return _empty(bucket_s, job_id=job_id)
+        return await asyncio.to_thread(H.step_stats, engine, job_id, win, rank, (step_start, step_end))
+
+    if format == "json":
+        return await _cached(request, compute, StepHistory)
+    page = await compute()
+    return _csv(page["items"], list(StepPoint.model_fields), page)
 
 
 @router.get("/jobs/{job_id}/loads", response_model=LoadHistory, responses=RESPONSES)
@@ -205,18 +221,21 @@ async def loads(
 ):
     """Tokens per step per bucket: matrix [L, E], layer [E], expert [L] (or one number with
     layer), or ranks [G] under the placement that was running (summed over layers or one)."""
-    await asyncio.to_thread(require_job, engine, job_id)
-    win = await asyncio.to_thread(_window, request, engine, start, end, step_start, step_end, bucket_s, limit,
-                                  job_id, "loads")
-    if win is None:
-        page = _empty(bucket_s, job_id=job_id, view=view, agg=agg)
-    else:
-        page = await asyncio.to_thread(
+
+    async def compute() -> dict:
+        await asyncio.to_thread(require_job, engine, job_id)
+        win = await asyncio.to_thread(_window, request, engine, start, end, step_start, step_end, bucket_s,
+                                      limit, job_id, "loads")
+        if win is None:
+            return _empty(bucket_s, job_id=job_id, view=view, agg=agg)
+        return await asyncio.to_thread(
             LH.load_history, engine, job_id, win, view=view, agg=agg, layer=layer, expert=expert,
             steps=(step_start, step_end), placements=get_placements(request))
-    if format == "csv":
-        return _csv(_long_rows(page, view, layer, expert), ["start", "steps", "index_0", "index_1", "value"], page)
-    return page
+
+    if format == "json":
+        return await _cached(request, compute, LoadHistory)
+    page = await compute()
+    return _csv(_long_rows(page, view, layer, expert), ["start", "steps", "index_0", "index_1", "value"], page)
 
 
 def _long_rows(page: dict, view: str, layer, expert) -> list[dict]:
