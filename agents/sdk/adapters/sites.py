@@ -8,7 +8,8 @@ input or output. Finders look at module structure, never at the model's name:
   integer expert ids;
 - routers returning expert ids: a module with integer ``top_k`` and ``num_experts``
   attributes, outside any block found above; a forward hook reads the first integer tensor of
-  its output whose last dimension is ``top_k`` (``[T, k]`` ids; torchtitan-style routers);
+  its output whose last dimension is ``top_k`` (``[T, k]`` or ``[B, L, k]`` ids; torchtitan's
+  ``TokenChoiceTopKRouter``);
 - framework finders registered in :data:`FINDERS` (e.g. routers returning a bool ``[T, E]``
   routing map, or layers returning ``[E]`` counts).
 
@@ -116,10 +117,10 @@ def router_sites(model: nn.Module, taken: list[str]) -> list[Site]:
             outputs = output if isinstance(output, tuple | list) else (output,)
             for item in outputs:
                 if (isinstance(item, torch.Tensor) and not item.is_floating_point()
-                        and item.dtype != torch.bool and item.dim() == 2
+                        and item.dtype != torch.bool and item.dim() >= 2
                         and item.shape[-1] == top_k):
                     return item
-            raise WatchError(f"{path}: router output has no integer [tokens, {top_k}] "
+            raise WatchError(f"{path}: router output has no integer [..., tokens, {top_k}] "
                              "tensor of expert ids")
 
         sites.append(Site(path.rpartition(".")[0] or path, path, module, count, "ids", read,
