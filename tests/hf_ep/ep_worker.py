@@ -1,6 +1,6 @@
 """One rank of the 4-process gloo scenario of test_equality.py (and its single-process reference).
 
-Run as ``python -m tests.hf_ep.ep_worker OUT_DIR FAMILY[,FAMILY...]`` with RANK, WORLD_SIZE,
+Run as ``python -m tests.hf_ep.ep_worker OUT_DIR FAMILY[@IMPL][,...]`` with RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT set. For each family, trains the tiny model of
 :mod:`tests.adapters.hf_models` with AdamW for ``STEPS`` steps, each rank on its shard of the
 global batch, twice from the same seed:
@@ -37,8 +37,12 @@ MOVED = np.array([[5, 5, 1, 2, 3, 0, 4, 6, 5, 7, 6, 4],
 
 
 def build(family: str):
+    """``family`` or ``family@implementation`` (the experts implementation; default eager)."""
+    family, _, implementation = family.partition("@")
     model = hf_models.build(family, layers=LAYERS + (family == "deepseek_v3"), experts=EXPERTS,
                             top_k=TOP_K, seed=SEED)
+    if implementation:
+        model.config._experts_implementation = implementation
     return model.train()
 
 

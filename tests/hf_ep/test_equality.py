@@ -13,7 +13,7 @@ from tests.hf_ep.ranks import run_ranks
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(900)]  # a loaded 2-core box
 WORLD = 4
-FAMILIES = ["qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss"]
+FAMILIES = ["qwen3_moe", "qwen3_moe@grouped_mm", "mixtral", "olmoe", "deepseek_v3", "gpt_oss"]
 
 
 @pytest.fixture(scope="module")
