@@ -22,7 +22,7 @@ from moeplane.controlplane.balancing.placement import (
 from tests.conftest import free_port
 from tests.procs import spawn, start_serve, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.torch]
+pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(600)]  # a loaded 2-core box
 ROOT = Path(__file__).resolve().parents[2]
 JOB, STEPS, LAYERS, EXPERTS, WORLD, SLOTS = "hf-ep", 30, 2, 8, 4, 3
 
@@ -67,7 +67,7 @@ def test_hf_model_is_rebalanced_live_under_auto(tmp_path):
              "--steps", str(STEPS), "--job-id", JOB, "--layers", str(LAYERS), "--experts",
              str(EXPERTS), "--slots-per-rank", str(SLOTS), "--batch", "4", "--seq", "32",
              "--hidden", "32", "--log-every", "5"],
-            cwd=ROOT, capture_output=True, text=True, timeout=280,
+            cwd=ROOT, capture_output=True, text=True, timeout=480,
         )
         out = run.stdout + run.stderr
         assert run.returncode == 0, out[-4000:]
