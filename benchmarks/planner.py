@@ -6,7 +6,7 @@
 Cases, top-8 routing:
   58x256 on 32 GPUs x 9 slots (4 nodes), 58x256 on 64 GPUs x 5 slots (8 nodes),
   16x64 on 8 GPUs x 10 slots (1 node).
-Trace families (``planner_traces.py``), each run on every case:
+Trace families (``harness/traces.py``), each run on every case:
   walk  independent layers, log-popularity random walk at a constant rate, 5% batch noise,
         16,384 tokens per rank per step;
   sim   the simulator's workload model (``moeplane.agents.sim.workload``, default parameters):
@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.planner_baselines import eplb_greedy_loop, swap_heaviest  # noqa: E402
 from benchmarks.planner_replay import replay  # noqa: E402
-from benchmarks.planner_traces import drifting_trace, workload_trace  # noqa: E402
+from harness.traces import drifting_trace, workload_trace  # noqa: E402
 from moeplane.controlplane.balancing import (  # noqa: E402
     count_moves,
     eplb_greedy,

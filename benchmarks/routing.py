@@ -3,14 +3,14 @@
     .venv/bin/python -m benchmarks.routing [--steps 2] [--seed 0]
 
 Cases, 58 layers x 256 experts, top-8: 64 GPUs x 5 slots (the speed target's shape) and
-32 GPUs x 9 slots (the issue's), each on the drifting trace (``planner_traces.drifting_trace``,
+32 GPUs x 9 slots (the issue's), each on the drifting trace (``harness.traces.drifting_trace``,
 4,096 tokens per rank per step) and on the simulator's workload (``workload_trace``). The
 placement is ``plan_placement`` (fresh) of the mean of steps [0, 20); the routed steps are the
 last ``--steps`` of steps [20, 40), drift included.
 
 Quality, per (layer, step): the most loaded GPU's tokens under ``route_replicas`` and under the
 even split (today's rule), against the LP optimum with the replicas fixed
-(``routing_lp.lp_optimum``, exact max-flow bisection), as ratios; "expert time" is the sum over
+(``harness.routing_lp.lp_optimum``, exact max-flow bisection), as ratios; "expert time" is the sum over
 layers and steps of the most loaded GPU's tokens, routed against even.
 
 Cost per layer, all measured in this run, CPU time of this process (``time.process_time``; the
@@ -28,8 +28,8 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.planner_traces import drifting_trace, workload_trace
-from benchmarks.routing_lp import lp_optimum
+from harness.routing_lp import lp_optimum
+from harness.traces import drifting_trace, workload_trace
 from moeplane.agents.sdk.routing import DeviceRouting
 from moeplane.controlplane.balancing import gpu_loads, plan_placement
 from moeplane.controlplane.balancing.routing import route_replicas, route_with, routing_table

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from benchmarks.planner_traces import drifting_trace
+from harness.traces import drifting_trace
 from moeplane.controlplane.store import migrate
 from moeplane.controlplane.store import tables as t
 

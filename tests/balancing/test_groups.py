@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.planner_traces import drifting_trace
+from harness.traces import drifting_trace
 from moeplane.controlplane.balancing import balancedness, plan_placement
 from moeplane.controlplane.balancing.groups import eplb_hierarchical, node_of_group
 

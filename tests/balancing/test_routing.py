@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from benchmarks.planner_traces import drifting_trace
-from benchmarks.routing_lp import lp_optimum
+from harness.routing_lp import lp_optimum
+from harness.traces import drifting_trace
 from moeplane.controlplane.balancing import (
     gpu_loads,
     layer_balancedness,

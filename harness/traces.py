@@ -1,4 +1,4 @@
-"""Synthetic expert-load traces for the planner benchmark, two families.
+"""Synthetic expert-load traces for the planner benchmark and the balancing tests, two families.
 
 ``drifting_trace`` (family "random walk"): per layer, each expert has a log-popularity drawn
 from N(0, skew^2) (a heavy, Zipf-like spread), which drifts as a random walk of ``drift`` per
