@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from moeplane.agents.sdk.adapters import deepspeed_moe  # noqa: F401 - registers its finder
+from moeplane.agents.sdk.adapters import deepspeed_moe, megatron_core  # noqa: F401 - finders
 from moeplane.agents.sdk.adapters.sites import Site, WatchError, find_sites
 
 #: pending routing tensors folded into the accumulator once this many are queued
