@@ -12,6 +12,7 @@ from fastapi import APIRouter, Body, Path, Query
 from pydantic import BaseModel, Field, StrictInt
 
 from moeplane.controlplane.api.deps import EngineDep, ExecutorDep, PlacementsDep
+from moeplane.controlplane.api.policy import PolicyChanges
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
 from moeplane.controlplane.api.schemas import ErrorBody
 from moeplane.controlplane.balancing import count_moves, plan_placement
@@ -240,8 +241,8 @@ async def get_policy(job_id: JobId, engine: EngineDep) -> dict[str, Any]:
 
 
 @router.put("/policy", responses=NOT_FOUND | BAD)
-async def set_policy(job_id: JobId, engine: EngineDep, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
-    policy = await asyncio.to_thread(P.set_policy, engine, job_id, body)
+async def set_policy(job_id: JobId, engine: EngineDep, body: PolicyChanges) -> dict[str, Any]:
+    policy = await asyncio.to_thread(P.set_policy, engine, job_id, body.changes())
     return _policy_dict(policy)
 
 
@@ -255,8 +256,8 @@ async def get_default_policy(engine: EngineDep) -> dict[str, Any]:
 
 
 @default_router.put("/default-policy", responses=BAD)
-async def set_default_policy(engine: EngineDep, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
-    return _policy_dict(await asyncio.to_thread(P.set_policy, engine, P.DEFAULT_POLICY, body))
+async def set_default_policy(engine: EngineDep, body: PolicyChanges) -> dict[str, Any]:
+    return _policy_dict(await asyncio.to_thread(P.set_policy, engine, P.DEFAULT_POLICY, body.changes()))
 
 
 def _policy_dict(policy) -> dict[str, Any]:

@@ -77,3 +77,16 @@ def test_step_past_int64_is_a_422_naming_it(srv):
 def test_rollback_epoch_is_a_strict_integer(srv, epoch):
     r = srv["http"].post("/api/v1/jobs/job-1/rollback", json={"epoch": epoch})
     assert r.status_code == 422 and "epoch" in r.text, r.text
+
+
+def test_the_policy_body_states_its_keys_and_refuses_others(srv):
+    http = srv["http"]
+    doc = http.get("/openapi.json").json()
+    body = doc["paths"]["/api/v1/jobs/{job_id}/policy"]["put"]["requestBody"]["content"]["application/json"]["schema"]
+    schema = doc["components"]["schemas"][body["$ref"].rsplit("/", 1)[1]]
+    assert schema["additionalProperties"] is False and {"mode", "max_moves", "search"} <= set(schema["properties"])
+    r = http.put("/api/v1/jobs/job-1/policy", json={"nope": 1})
+    assert r.status_code == 422 and "nope" in r.text
+    assert http.put("/api/v1/jobs/job-1/policy", json={"sustain_steps": True}).status_code == 422
+    r = http.put("/api/v1/jobs/job-1/policy", json={"mode": "manual", "max_moves": None})
+    assert r.status_code == 200 and r.json()["mode"] == "manual" and r.json()["max_moves"] is None
