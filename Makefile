@@ -17,7 +17,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 $(VENV)/.torch: $(STAMP)
 	$(PIP) install -q 'torch==2.13.0'
-	$(PIP) install -q -e '.[hf]'  # transformers: the HF adapters and expert parallelism
+	@# frameworks moeplane.torch.attach is tested against (pins: pyproject.toml extras); torch is
+	@# already satisfied, so pip keeps it. Not titan: torchtitan's MoE imports triton (~1 GB)
+	$(PIP) install -q -e '.[hf,deepspeed,megatron]'  # transformers: HF adapters and expert parallelism
 	touch $(VENV)/.torch
 
 torch: $(VENV)/.torch
