@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port, unavailable
-from tests.procs import wait_until
+from tests.procs import spawn, wait_until
 
 
 def _tool(name: str) -> str:
@@ -63,18 +63,13 @@ def test_real_prometheus_scrapes_and_answers(live, tmp_path):
         "scrape_configs:\n  - job_name: moeplane\n    metrics_path: /metrics\n"
         f"    static_configs:\n      - targets: ['127.0.0.1:{live['http_port']}']\n"
     )
-    log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [prometheus, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
+    proc = spawn("prometheus", [f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                f"--web.listen-address=127.0.0.1:{port}"], tmp_path, cmd=[prometheus])
     try:
         api = f"http://127.0.0.1:{port}/api/v1/query"
 
         def series():
-            if proc.poll() is not None:
-                raise AssertionError(f"prometheus exited: {(tmp_path / 'prometheus.log').read_text()}")
+            proc.check_running()
             r = httpx.get(api, params={"query": 'moeplane_device_memory_total_bytes{device_id="n0/gpu1"}'},
                           timeout=5)
             return r.status_code == 200 and r.json()["data"]["result"]
@@ -85,10 +80,4 @@ def test_real_prometheus_scrapes_and_answers(live, tmp_path):
         up = httpx.get(api, params={"query": "up"}, timeout=5).json()["data"]["result"]
         assert up[0]["value"][1] == "1"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
+        proc.stop()
