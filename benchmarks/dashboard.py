@@ -301,7 +301,7 @@ def render(setup: str, server: dict, browser: dict, cold: dict) -> str:
 
     return f"""# Dashboard benchmark
 
-Command: `.venv/bin/python -m benchmarks.dashboard --out docs/bench-dashboard.md`
+Command: `.venv/bin/python -m benchmarks.dashboard --reps 5`
 
 Setup: {setup}. Every EP rank is a device here (G = 1,024, S = 1), the heaviest
 rank-load view for this cluster size.

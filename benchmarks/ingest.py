@@ -2,7 +2,7 @@
 transport and a plain PostgreSQL COPY measured in the same run.
 
     .venv/bin/python -m benchmarks.ingest --nodes 128 --step-time 1.25 --duration 40 \
-        --out docs/bench-ingest.md
+        --out benchmarks/results/ingest.md
 
 Every scenario runs a real ``moeplane serve`` (or the bare transport server) and a real
 ``moeplane loadgen`` in separate processes on loopback. CPU is the serving process's

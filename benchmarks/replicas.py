@@ -2,7 +2,7 @@
 Redis and PostgreSQL, measured in the same run.
 
     .venv/bin/python -m benchmarks.replicas --nodes 64 --step-time 0.25 --duration 30 \
-        --out docs/bench-replicas.md
+        --out benchmarks/results/replicas.md
 
 For R in (1, 2): R real ``moeplane serve`` processes on one fresh PostgreSQL database with the
 Redis bus; ``moeplane loadgen`` spreads its nodes over them (node n → replica n mod R) and

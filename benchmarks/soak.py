@@ -1,6 +1,6 @@
 """Memory of the control plane over a long run (soak): RSS of ``moeplane serve`` every 10 s.
 
-    .venv/bin/python -m benchmarks.soak --minutes 30 --nodes 64 --out docs/bench-soak.json
+    .venv/bin/python -m benchmarks.soak --minutes 30 --nodes 64 --out benchmarks/results/soak.json
     # telemetry at the full Pangu-scale rate (1,024 nodes × 8 devices × 16 metrics at 1 Hz =
     # 131k samples/s) beside the loads of 64 nodes:
     .venv/bin/python -m benchmarks.soak --minutes 30 --nodes 64 --sample-nodes 1024 \
