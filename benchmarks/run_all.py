@@ -35,6 +35,7 @@ BENCHMARKS: dict[str, list[str]] = {
                "--out", "benchmarks/results/fanout.md"],
     "agent": [PY, "-m", "benchmarks.agent", "--seconds", "60", "--out", "benchmarks/results/agent.md"],
     "sdk": [PY, "benchmarks/sdk.py"],
+    "adapters": [PY, "benchmarks/adapters.py"],
     "hf_ep": [PY, "benchmarks/hf_ep.py"],
     "memory": [PY, "benchmarks/memory.py"],
     "dashboard": [PY, "-m", "benchmarks.dashboard", "--reps", "5", "--out", "benchmarks/results/dashboard.md"],
