@@ -20,7 +20,8 @@ import numpy as np
 
 from moeplane.controlplane.balancing.eplb import eplb_greedy
 
-__all__ = ["check_groups", "eplb_hierarchical", "grouped_placement", "node_of_group"]
+__all__ = ["check_groups", "eplb_hierarchical", "grouped_placement", "mapping_of",
+           "node_of_group"]
 
 
 def check_groups(groups: int, experts: int, gpus: int, slots_per_gpu: int, nodes: int) -> None:
@@ -57,26 +58,55 @@ def node_of_group(loads: np.ndarray, groups: int, nodes: int) -> np.ndarray:
     return out
 
 
+def mapping_of(current: np.ndarray, gpus: int, slots_per_gpu: int, nodes: int,
+               groups: int, experts: int) -> np.ndarray | None:
+    """The node of each group in ``current [L, G*S]`` (int64 ``[L, K]``), or None unless every
+    group's replicas are on one node and every node holds ``K / N`` groups."""
+    num_layers, num_slots = current.shape
+    node = (np.arange(num_slots) // slots_per_gpu) // (gpus // nodes)
+    held = np.zeros((num_layers, groups, nodes), dtype=bool)
+    held[np.arange(num_layers)[:, None], current // (experts // groups), node[None, :]] = True
+    if (held.sum(axis=2) != 1).any():
+        return None
+    mapping = held.argmax(axis=2)
+    counts = (mapping[:, :, None] == np.arange(nodes)).sum(axis=1)
+    return mapping if (counts == groups // nodes).all() else None
+
+
 def grouped_placement(
     loads: np.ndarray,
     gpus: int,
     slots_per_gpu: int,
     nodes: int,
     groups: int,
-    place: Callable[[np.ndarray, int, int], np.ndarray],
+    place: Callable[..., np.ndarray],
+    current: np.ndarray | None = None,
 ) -> np.ndarray:
     """``loads [L, E]`` -> ``phy2log [L, G*S]`` int64, each group on one node; node ``n``'s
-    slots ``n*G/N*S .. (n+1)*G/N*S-1`` hold only its groups' experts, placed by ``place``."""
+    slots ``n*G/N*S .. (n+1)*G/N*S-1`` hold only its groups' experts, placed by
+    ``place(node_loads, gpus_n, slots_per_gpu)``. With ``current [L, G*S]`` (whose groups
+    each sit on one node: ``mapping_of``), the groups stay on their nodes and ``place`` also
+    gets the node's current slots, in the node's own expert numbering, as ``current=``."""
     num_layers, experts = loads.shape
     size = experts // groups
-    mapping = node_of_group(loads, groups, nodes)  # [L, K]
+    if current is None:
+        mapping = node_of_group(loads, groups, nodes)  # [L, K]
+    else:
+        mapping = mapping_of(current, gpus, slots_per_gpu, nodes, groups, experts)
     per_node = gpus // nodes
     span = per_node * slots_per_gpu
     out = np.empty((num_layers, gpus * slots_per_gpu), dtype=np.int64)
     for n in range(nodes):
         mine = np.sort(np.argsort(mapping != n, axis=1, kind="stable")[:, : groups // nodes])
         ids = (mine[:, :, None] * size + np.arange(size)).reshape(num_layers, -1)  # [L, E_n]
-        local = place(np.take_along_axis(loads, ids, axis=1), per_node, slots_per_gpu)
+        node_loads = np.take_along_axis(loads, ids, axis=1)
+        if current is None:
+            local = place(node_loads, per_node, slots_per_gpu)
+        else:
+            block = current[:, n * span:(n + 1) * span]
+            mine_cur = np.stack([np.searchsorted(ids[lay], block[lay])
+                                 for lay in range(num_layers)])
+            local = place(node_loads, per_node, slots_per_gpu, current=mine_cur)
         out[:, n * span:(n + 1) * span] = np.take_along_axis(ids, local, axis=1)
     return out
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moeplane.controlplane.balancing.eplb import eplb_greedy
-from moeplane.controlplane.balancing.groups import check_groups, grouped_placement
+from moeplane.controlplane.balancing.groups import check_groups, grouped_placement, mapping_of
 from moeplane.controlplane.balancing.placement import (
     gpu_loads,
     identity_placement,
@@ -141,8 +141,9 @@ def plan_placement(
     moves for the same balance). ``groups`` = K: experts ``g*E/K .. (g+1)*E/K-1`` form
     group ``g``, and every replica of a group stays on one node (``groups.grouped_placement``:
     groups packed onto nodes as EPLB's hierarchical policy, then each node planned on its own
-    GPUs); fresh plans only for now. Pure and deterministic. Raises ValueError naming the
-    argument on bad input.
+    GPUs; with ``current`` whose groups each sit on one node, each node incrementally, else a
+    fresh grouped plan; not with ``max_moves``). Pure and deterministic. Raises ValueError
+    naming the argument on bad input.
     """
     w = check_loads(loads)
     gpus = check_count("gpus", gpus)
@@ -175,12 +176,22 @@ def plan_placement(
     if groups is not None:
         groups = check_count("groups", groups)
         check_groups(groups, num_experts, gpus, slots_per_gpu, nodes)
-        if cur is not None:
-            raise ValueError("groups: only fresh plans (no current) keep groups on nodes yet")
+        if max_moves is not None:
+            raise ValueError("groups: max_moves is not supported with groups")
 
     baseline = cur if cur is not None else identity_placement(num_layers, num_experts, num_slots)
-    if cur is None and groups is not None:
-        new = grouped_placement(w, gpus, slots_per_gpu, nodes, groups, fresh_placement)
+    if groups is not None:
+        keeps = cur is not None and mapping_of(
+            cur, gpus, slots_per_gpu, nodes, groups, num_experts) is not None
+        if keeps:  # each node planned incrementally on its own GPUs
+            def place(node_loads, node_gpus, spg, current):
+                return plan_placement(
+                    node_loads, gpus=node_gpus, slots_per_gpu=spg, current=current,
+                    tolerance=tolerance, reshuffle_above=reshuffle_above, search=search,
+                ).phy2log
+            new = grouped_placement(w, gpus, slots_per_gpu, nodes, groups, place, cur)
+        else:  # fresh, or a current placement that splits a group: regroup from scratch
+            new = grouped_placement(w, gpus, slots_per_gpu, nodes, groups, fresh_placement)
     elif cur is None:
         new = fresh_placement(w, gpus, slots_per_gpu)
     else:
