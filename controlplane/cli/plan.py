@@ -41,7 +41,7 @@ def register(subparsers) -> None:
                              "relieve (the most loaded GPUs first: more moves for the same balance)")
     parser.add_argument("--groups", type=int,
                         help="K expert groups (experts g*E/K..(g+1)*E/K-1), each kept on one "
-                             "node, as DeepSeek-V3's node-limited routing needs (fresh plans)")
+                             "node, as DeepSeek-V3's node-limited routing needs")
     parser.add_argument("--out", required=True, help="PLAN.npy to write, int64 [L, G*S]")
     parser.add_argument("--report", help="REPORT.json to write")
 
