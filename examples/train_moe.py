@@ -68,7 +68,7 @@ class Block(nn.Module):
         self.proj = nn.Linear(args.d_model, args.d_model, bias=False)
         self.moe = ExpertParallelMoE(args.d_model, args.d_ff, args.experts, args.top_k,
                                      phy2log_row, slots_per_rank=args.slots_per_rank,
-                                     layer=layer)
+                                     layer=layer, routing=args.routing)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -143,6 +143,9 @@ def parse_args(argv=None):
     p.add_argument("--memory-capacity-mb", type=float, default=0.0,
                    help="device capacity a CPU rank reports (default: host memory)")
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--routing", action=argparse.BooleanOptionalAction, default=True,
+                   help="divide each step's tokens of a replicated expert among its replicas by "
+                        "load (default), or evenly (--no-routing)")
     return p.parse_args(argv)
 
 
