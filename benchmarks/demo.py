@@ -5,16 +5,16 @@ Run from the repository root (about 1.5 minutes):
 
     .venv/bin/python -m benchmarks.demo --seconds 30
 
-One run of the demo with its defaults (both jobs: the simulated one and ``examples/train_moe.py``
-on 4 gloo ranks, paced to 1 step/s) on free ports and a temporary data directory. Once both jobs
-have steps and ``--warmup`` seconds passed:
+One run of the demo with its defaults (the simulated job, ``examples/train_moe.py`` on 4 gloo
+ranks paced to 1 step/s, and the simulated RL job) on free ports and a temporary data
+directory. Once the simulated and the training job have steps and ``--warmup`` seconds passed:
 
 - CPU: user + system time of every process in the demo's tree (psutil) over ``--seconds``
   while headless Chromium keeps the Experts page open (its 1 s live refresh); the browser is
   not counted. The machine may be shared, so only the demo's own processes count; what all
   other processes used meanwhile is reported beside. Baseline, same window: the simulated
   part alone (control plane, its 4 agents, ``moeplane simulate``), i.e. the demo before the
-  real training job joined it.
+  real training job and the RL job joined it.
 - First view: navigation start until the Cluster grid shows the 32 simulated devices,
   measured in the page, median of ``--loads`` loads after a first one. Baseline, same run: the
   same loads with the training job's processes paused (SIGSTOP), then resumed.
@@ -48,6 +48,8 @@ def part(p: psutil.Process) -> str:
     cmd = " ".join(p.cmdline())
     if "train_moe" in cmd or "torch.distributed.run" in cmd or "--node-id cpu-0" in cmd:
         return "training job (its agent, torchrun, 4 ranks)"
+    if "rl-job" in cmd:
+        return "RL job (its agent, simulate --rl)"
     if " demo " in f"{cmd} ":
         return "demo supervisor"
     return "simulated job and control plane (serve, 4 agents, simulate)"
@@ -100,7 +102,8 @@ def main() -> int:
         try:
             def stepping() -> bool:
                 jobs = httpx.get(f"{base}/api/v1/jobs", timeout=5).json()
-                return len([j for j in jobs if j["latest_step"] is not None]) == 2
+                ids = {j["job_id"] for j in jobs if j["latest_step"] is not None}
+                return {"demo-job", "train-moe"} <= ids
 
             wait_until(stepping, 120, "both jobs to report steps", retry_on=(httpx.HTTPError,))
             time.sleep(args.warmup)
@@ -146,7 +149,8 @@ def main() -> int:
           f"{platform.python_version()}; window {wall:.0f} s after {args.warmup:.0f} s of warm-up\n")
     print("| processes | CPU (cores) |\n|---|---:|")
     base_part = "simulated job and control plane (serve, 4 agents, simulate)"
-    for name in (base_part, "training job (its agent, torchrun, 4 ranks)", "demo supervisor"):
+    for name in (base_part, "training job (its agent, torchrun, 4 ranks)",
+                 "RL job (its agent, simulate --rl)", "demo supervisor"):
         print(f"| {name} | {parts.get(name, 0.0):.3f} |")
     print(f"| **the whole demo** (target <= 1.5 of 2 cores) | **{own:.3f}** |")
     print(f"| not counted: Chromium on the Experts page | {browser_cores:.3f} |")

@@ -83,7 +83,7 @@ def guide(base: str, a: argparse.Namespace, training: str) -> str:
         f"  curl -s {base}/api/v1/jobs/{JOB}/plans/1",
         f"  curl -s '{base}/api/v1/history/jobs/{JOB}/loads?view=expert&expert=0'",
         f"  curl -s {base}/api/v1/jobs/{JOB}/offload/decisions",
-        f"  curl -s {base}/api/v1/jobs/{TRAIN_JOB}/memory",
+        *([] if training else [f"  curl -s {base}/api/v1/jobs/{TRAIN_JOB}/memory"]),
         f"  curl -s {base}/api/v1/jobs/{RL_JOB}/rl/idle",
         "Ctrl-C stops everything.",
     ])

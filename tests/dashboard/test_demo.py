@@ -26,6 +26,7 @@ import psutil
 import pytest
 from selenium.webdriver.common.keys import Keys
 
+from moeplane.controlplane import demo as demo_module
 from moeplane.controlplane.procs import free_port
 from moeplane.dashboard.pages import PAGES
 from tests.dashboard.browsing import (
@@ -60,6 +61,13 @@ class RunningDemo:
         r = httpx.get(f"{self.base}/api/v1{path}", timeout=10)
         r.raise_for_status()
         return r.json()
+
+    def errors(self) -> str:
+        """Tracebacks and errors the demo's children logged (for a failure's message)."""
+        lines = [f"{log.name}: {x}" for log in sorted(self.log.parent.glob("data/logs/*.log"))
+                 for x in log.read_text(errors="replace").splitlines()
+                 if "Error" in x or "Traceback" in x or " ERROR " in x]
+        return "\n".join(lines[-40:])
 
     def processes(self) -> list[psutil.Process]:
         root = psutil.Process(self.popen.pid)
@@ -148,10 +156,22 @@ def history_shown(driver, job: str) -> bool:
         figure(driver, "history-heatmap"))
 
 
+def rl_shown(driver, job: str) -> bool:
+    return bool((figure(driver, "rl-timeline") or {}).get("data")) and bool(
+        text_of(driver, "rl-summary"))
+
+
 SHOWN = {"experts": experts_shown, "plans": plans_shown, "memory": memory_shown,
-         "history": history_shown}
+         "history": history_shown}  # the RL page shows RL jobs only: checked with the RL job
 
 def test_every_page_shows_both_jobs_within_90_s(demo, browser):
+    try:
+        check_every_page(demo, browser)
+    except (AssertionError, TimeoutError) as exc:
+        raise AssertionError(f"{exc}\nerrors the demo logged:\n{demo.errors()}") from exc
+
+
+def check_every_page(demo: RunningDemo, browser) -> None:
     wait_for(lambda: ready(demo), READY_S - (time.monotonic() - demo.started),
              "loads, applied plans and memory of both jobs and an applied offload decision")
     url = demo.base + "/dashboard/"
@@ -199,6 +219,14 @@ def test_every_page_shows_both_jobs_within_90_s(demo, browser):
     first = wait_for(step_shown, what="the step in the status line")
     wait_for(lambda: step_shown() > first, 15, "a newer step without a reload")
     assert still_same_page(browser), "the page reloaded"
+
+    # the RL page, with the demo's RL job
+    rl_job = getattr(demo_module, "RL_JOB", None)
+    if "rl" in dict(PAGES) and rl_job:
+        browser.get(url + "rl")
+        select_job(browser, rl_job)
+        wait_for(lambda: rl_shown(browser, rl_job), 60, f"the RL page of {rl_job}")
+        browser.save_screenshot(str(SCREENSHOTS / f"demo-rl-{rl_job}.png"))
 
 
 def test_printed_curl_lines_answer(demo):
