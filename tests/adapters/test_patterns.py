@@ -10,7 +10,7 @@ from torch import nn
 from moeplane.agents.sdk.reporter import Reporter
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 from moeplane.controlplane.wire.arrays import decode_array
-from moeplane.torch import attach
+from moeplane.torch import WatchError, attach
 from tests.adapters.hf_models import batch, build
 from tests.sdk.test_reporter import serve
 
@@ -108,3 +108,37 @@ def test_a_reporter_whose_job_disagrees_with_the_model_is_refused():
     job = pb.JobSpec(job_id="hf", layers=3, experts=4, top_k=2, world_size=1, slots_per_rank=4)
     with pytest.raises(ValueError, match=r"counter: shape \(2, 4\) != job \[3, 4\]"):
         attach(model, reporter=Reporter(None, rank=0, job=job))
+
+
+def test_negative_expert_ids_are_refused_naming_the_router():
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(with_experts=False), Block(with_experts=False))
+    watch = attach(model)
+    router = model[1].router
+    (hook,) = router._forward_hooks.values()
+    hook(router, (), {}, (torch.zeros(3, K), torch.tensor([[0, 1], [-1, 2], [3, 4]])))
+    with pytest.raises(WatchError, match=r"outside \[0, 6\) in 1\.router \(1 ids\)"):
+        watch.take()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_counting_on_cuda_makes_no_host_sync_until_take():
+    model = build("qwen3_moe", layers=2, experts=4, top_k=2).cuda()
+    ids = batch(seed=3).cuda()
+    watch = attach(model)
+    with torch.no_grad():
+        model(ids)  # warm-up: the first fold caches its row offsets
+    watch.flush()
+    watch.take()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        watch.flush()  # nothing pending: the overflow check copies without waiting
+        hooks_only = [site.module for site in watch.sites]
+        for module in hooks_only:  # a hook call alone: a check and an append
+            (hook,) = module._forward_pre_hooks.values()
+            hook(module, (None, torch.zeros(4, 2, dtype=torch.int64, device="cuda")), {})
+        watch.flush()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert watch.take().sum(1).tolist() == [8, 8]

@@ -145,9 +145,9 @@ class Watch:
 
     def _take_overflow(self) -> torch.Tensor:
         """[L, 2] ids < 0 and ids >= E per layer since the last call (device); resets them."""
-        columns = [0, self.num_experts + 1]
-        overflow = self._acc[:, columns]
-        self._acc[:, columns] = 0
+        columns = self._acc[:, 0 :: self.num_experts + 1]  # a view of columns 0 and E + 1
+        overflow = columns.clone()
+        columns.zero_()
         return overflow
 
     def take(self) -> torch.Tensor:
