@@ -20,6 +20,10 @@ $(VENV)/.torch: $(STAMP)
 	@# frameworks moeplane.torch.attach is tested against (pins: pyproject.toml extras); torch is
 	@# already satisfied, so pip keeps it. Not titan: torchtitan's MoE imports triton (~1 GB)
 	$(PIP) install -q -e '.[hf,deepspeed,megatron]'  # transformers: HF adapters and expert parallelism
+	@# transformers 4.x for tests/adapters/test_transformers4.py, an overlay put on PYTHONPATH
+	rm -rf $(VENV)/transformers4
+	$(PIP) install -q --no-deps --target $(VENV)/transformers4 'transformers==4.57.3' \
+		'tokenizers==0.22.1' 'huggingface-hub==0.36.0'
 	touch $(VENV)/.torch
 
 torch: $(VENV)/.torch

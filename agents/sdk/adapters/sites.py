@@ -10,6 +10,9 @@ input or output. Finders look at module structure, never at the model's name:
   attributes, outside any block found above; a forward hook reads the first integer tensor of
   its output whose last dimension is ``top_k`` (``[T, k]`` or ``[B, L, k]`` ids; torchtitan's
   ``TokenChoiceTopKRouter``);
+- transformers 4.x blocks (a ``gate`` ``nn.Linear(H, E)`` returning logits, ``experts`` an
+  ``nn.ModuleList`` of E, ``top_k``): a forward hook on the gate recomputes the ids the way the
+  block does (:func:`linear_gate_sites`);
 - framework finders registered in :data:`FINDERS` (e.g. routers returning a bool ``[T, E]``
   routing map, or layers returning ``[E]`` counts).
 
@@ -103,6 +106,35 @@ def hf_experts_sites(model: nn.Module) -> list[Site]:
     return sites
 
 
+def linear_gate_sites(model: nn.Module, taken: list[str]) -> list[Site]:
+    """Forward hooks on ``gate`` ``nn.Linear(H, E)`` of blocks with ``experts`` (an
+    ``nn.ModuleList`` of E) and integer ``top_k``: the transformers 4.x MoE blocks (Mixtral,
+    Qwen2-MoE, Qwen3-MoE, OLMoE), whose gate returns logits only. The ids are recomputed the way
+    those blocks do, ``topk(softmax(logits, float32), top_k)``: one softmax and one topk per
+    layer on the device."""
+    sites = []
+    for path, block in model.named_modules():
+        gate, experts = block._modules.get("gate"), block._modules.get("experts")
+        top_k = getattr(block, "top_k", None)
+        if (not isinstance(gate, nn.Linear) or not isinstance(experts, nn.ModuleList)
+                or not isinstance(top_k, int) or gate.out_features != len(experts)
+                or _under(path, taken)):
+            continue
+        gate_path, count = (f"{path}.gate" if path else "gate"), len(experts)
+
+        def read(args, kwargs, output, path=gate_path, top_k=top_k, count=count):
+            if (not isinstance(output, torch.Tensor) or not output.is_floating_point()
+                    or output.shape[-1] != count):
+                raise WatchError(f"{path}: gate output is not float logits [tokens, {count}]")
+            with torch.no_grad():
+                probs = torch.softmax(output.reshape(-1, count), dim=-1, dtype=torch.float)
+                return torch.topk(probs, top_k, dim=-1).indices
+
+        sites.append(Site(path, gate_path, gate, count, "ids", read, pre=False))
+        taken = [*taken, path]
+    return sites
+
+
 def router_sites(model: nn.Module, taken: list[str]) -> list[Site]:
     """Forward hooks on routers that return expert ids, outside the module paths ``taken``."""
     sites = []
@@ -137,7 +169,7 @@ def find_sites(model: nn.Module) -> list[Site]:
     """Every MoE layer's site, in model order (see the module docstring)."""
     sites = hf_experts_sites(model)
     taken = [site.path for site in sites]
-    for finder in (router_sites, *FINDERS):
+    for finder in (linear_gate_sites, router_sites, *FINDERS):
         more = finder(model, taken)
         sites += more
         taken += [site.path for site in more]
