@@ -2,17 +2,18 @@
 
 :func:`attach` finds the model's MoE layers (:mod:`.sites`), hooks them and returns a
 :class:`Watch`. What a hook does in the step: check the routing tensor's dtype and shape
-(metadata, no device work) and append it to a pending list. The pending tensors are folded into
-one device accumulator ``[L, E + 2]`` int64 with a handful of kernels whatever ``L`` is (a
-``stack`` of the ids, a ``clamp``, a broadcast add of the layer offsets and one bincount:
-``torch.bincount`` on the CPU, ``index_add_`` on CUDA, where ``torch.bincount`` would read its
-bin count back to the host). Nothing
-in a step waits for the device: the only host copy is the one :meth:`Watch.take` makes (or the
-:class:`~moeplane.agents.sdk.reporter.Reporter`'s background thread makes) per step.
+(metadata, no device work) and append it to a pending list (a transformers 4.x gate hook first
+recomputes the ids from the logits: a softmax and a topk on the device). The pending tensors
+are folded into one device accumulator ``[L, E + 2]`` int64 with a handful of kernels whatever
+``L`` is (a ``stack`` of the ids, a ``clamp``, a broadcast add of the layer offsets and one
+bincount: ``torch.bincount`` on the CPU, ``index_add_`` on CUDA, where ``torch.bincount`` would
+read its bin count back to the host). Nothing in a step waits for the device: the only host
+copy is the one :meth:`Watch.take` makes (or the Reporter's background thread) per step.
 
-Columns 0 and ``E + 1`` of the accumulator catch ids below 0 and from ``E`` up; :meth:`Watch.take` raises
-:class:`WatchError` naming the layer's module path when it is not zero (on CUDA with a
-Reporter, the check reads a copy the step after, when it is ready, without waiting for it).
+Columns 0 and ``E + 1`` of the accumulator catch ids below 0 and from ``E`` up;
+:meth:`Watch.take` raises :class:`WatchError` naming the layer's module path when they are not
+zero (on CUDA with a Reporter, :meth:`Watch.flush` reads a copy a step later, once it is ready,
+without waiting for it).
 
 Activation checkpointing: a forward re-run during backward (``torch.utils.checkpoint``,
 reentrant or not, and transformers' gradient checkpointing) runs inside the autograd engine;
