@@ -102,12 +102,14 @@ def test_concurrent_plan_writers_never_share_an_epoch(engine):
 
 def test_hello_again_updates_only_what_changed(engine):
     """A reconnecting agent declares its job and devices again: the same values leave the rows
-    alone (upserts with a change condition), different ones replace them."""
+    alone (upserts with a change condition), a changed device replaces its row, a spec field
+    not set yet fills in, and a spec that contradicts the job's shape is refused, job unchanged."""
     import dataclasses
 
     import sqlalchemy as sa
 
     from moeplane.controlplane.store import tables as t
+    from moeplane.controlplane.store.claims import SpecConflict
 
     w = StoreWriter(engine)
     w.register_hello(_hello())
@@ -116,11 +118,13 @@ def test_hello_again_updates_only_what_changed(engine):
     bigger = dataclasses.replace(
         bigger,
         devices=(dataclasses.replace(bigger.devices[0], memory_total_bytes=2 << 30), bigger.devices[1]),
-        job=JobRecord("j", layers=4, experts=3, top_k=2),
+        job=JobRecord("j", layers=2, experts=3, top_k=2),
     )
     w.register_hello(bigger)
+    with pytest.raises(SpecConflict, match="layers"):
+        w.register_hello(dataclasses.replace(bigger, job=JobRecord("j", layers=4, experts=3, top_k=2)))
     with engine.connect() as conn:
         mem = dict(conn.execute(sa.select(t.devices.c.device_id, t.devices.c.memory_total_bytes)).all())
         job = conn.execute(sa.select(t.jobs.c.layers, t.jobs.c.experts, t.jobs.c.top_k)).one()
     assert mem == {"n0/gpu0": 2 << 30, "n0/gpu1": 1 << 30}
-    assert tuple(job) == (4, 3, 2)
+    assert tuple(job) == (2, 3, 2)
