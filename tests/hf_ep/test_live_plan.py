@@ -1,7 +1,8 @@
 """The README's expert-parallel transformers run: ``moeplane serve`` + ``moeplane agent`` +
 ``torchrun --nproc-per-node 4 examples/finetune_hf_moe_ep.py``. The control plane plans from the
 unmodified Qwen3-MoE model's real router counts under the ``auto`` policy, every rank applies the
-plan live, and the measured balancedness falls after it."""
+plan live, and on the steps after it the plan is better balanced than the placement it
+replaced."""
 
 from __future__ import annotations
 
@@ -87,7 +88,9 @@ def test_hf_model_is_rebalanced_live_under_auto(tmp_path):
         after = get_list(api, f"/jobs/{JOB}/loads", step_start=switch, step_end=end)
         assert before and after
         initial = identity_placement(LAYERS, EXPERTS, WORLD * SLOTS)
-        assert measured(after, np.asarray(first["phy2log"])) < measured(before, initial)
+        # on the steps that ran it, the plan beats the placement it replaced (the same loads:
+        # training drift between the two windows cannot decide the comparison)
+        assert measured(after, np.asarray(first["phy2log"])) < measured(after, initial)
     finally:
         api.close()
         agent.stop()
