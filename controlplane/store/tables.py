@@ -374,55 +374,11 @@ sa.Index("ix_sample_frames_ts", sample_frames.c.ts)
 sa.Index("ix_step_stats_job_ts", step_stats.c.job_id, step_stats.c.ts)
 sa.Index("ix_received_at", received.c.received_at)
 
-# RL post-training (migration 0006). Phase and role codes index moeplane.controlplane.rl.phases
-# PHASES and ROLES. rank -1: a framework's per-step timer, not a device.
-rl_spans = sa.Table(
-    "rl_spans",
-    metadata,
-    sa.Column("job_id", sa.String(128), primary_key=True),
-    sa.Column("node_id", sa.String(128), primary_key=True),
-    sa.Column("rank", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("phase", sa.SmallInteger, primary_key=True, autoincrement=False),
-    sa.Column("start_ts", sa.Float, primary_key=True),  # unix s
-    sa.Column("end_ts", sa.Float, nullable=False),  # unix s
-    sa.Column("step", sa.BigInteger, nullable=False),
-    sa.Column("version", sa.BigInteger, nullable=False),  # policy version the rank held
-    sa.Column("role", sa.SmallInteger, nullable=False),
-    sa.Column("tokens", sa.BigInteger, nullable=False),
-)
-sa.Index("ix_rl_spans_job_step", rl_spans.c.job_id, rl_spans.c.step)
 
-rl_weight_syncs = sa.Table(
-    "rl_weight_syncs",
-    metadata,
-    sa.Column("job_id", sa.String(128), primary_key=True),
-    sa.Column("rank", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("to_version", sa.BigInteger, primary_key=True, autoincrement=False),
-    sa.Column("from_version", sa.BigInteger, nullable=False),
-    sa.Column("node_id", sa.String(128), nullable=False),
-    sa.Column("step", sa.BigInteger, nullable=False),
-    sa.Column("bytes", sa.BigInteger, nullable=False),
-    sa.Column("start_ts", sa.Float, nullable=False),  # unix s
-    sa.Column("pause_s", sa.Float, nullable=False),
-    sa.Column("transfer_s", sa.Float, nullable=False),
-    sa.Column("resume_s", sa.Float, nullable=False),
-)
-sa.Index("ix_rl_weight_syncs_job_step", rl_weight_syncs.c.job_id, rl_weight_syncs.c.step)
-
-rl_batches = sa.Table(
-    "rl_batches",
-    metadata,
-    sa.Column("job_id", sa.String(128), primary_key=True),
-    sa.Column("step", sa.BigInteger, primary_key=True, autoincrement=False),
-    sa.Column("rank", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("node_id", sa.String(128), nullable=False),
-    sa.Column("trained_version", sa.BigInteger, nullable=False),
-    sa.Column("samples", sa.BigInteger, nullable=False),
-    sa.Column("lag_min", sa.BigInteger, nullable=False),
-    sa.Column("lag_mean", sa.Float, nullable=False),
-    sa.Column("lag_max", sa.BigInteger, nullable=False),
-    sa.Column("bound", sa.BigInteger, nullable=False),  # -1: none
-    sa.Column("dropped", sa.BigInteger, nullable=False),
-    sa.Column("partial", sa.BigInteger, nullable=False),
-    sa.Column("ts", sa.Float, nullable=False),  # unix s
+# The RL post-training tables (migration 0006) are defined on the same metadata in their own
+# module; they are imported here, after ``metadata``, so that every table is known through this one.
+from moeplane.controlplane.store.rl_tables import (  # noqa: E402, F401
+    rl_batches,
+    rl_spans,
+    rl_weight_syncs,
 )
