@@ -17,9 +17,7 @@ from collections.abc import Callable
 
 from sqlalchemy.engine import Engine
 
-from moeplane.controlplane.controller.executor import Executor
-from moeplane.controlplane.domain.lifecycle import Status
-from moeplane.controlplane.store import plans as P
+from moeplane.controlplane.controller.executor import Executor, reject_plan
 
 PlanAction = Callable[[str, int], dict]
 
@@ -48,7 +46,6 @@ def store_reject(engine: Engine) -> PlanAction:
     publishes nothing)."""
 
     def reject(job_id: str, epoch: int) -> dict:
-        return P.transition(engine, job_id, epoch, Status.REJECTED,
-                            detail="rejected by operator")
+        return reject_plan(engine, job_id, epoch)
 
     return reject

@@ -19,6 +19,7 @@ from moeplane.controlplane.api.tokens import router as tokens_router
 from moeplane.controlplane.auth.body import DEFAULT_MAX_BODY_BYTES, BodyGuard
 from moeplane.controlplane.auth.http import AUTH_RESPONSES, AuthDep, document_security
 from moeplane.controlplane.domain.lifecycle import Conflict
+from moeplane.controlplane.store.placements import PlacementSource
 from moeplane.controlplane.store.queries import NotFound
 
 
@@ -42,6 +43,8 @@ def create_api(engine: Engine, **state) -> FastAPI:
     document_security(app)
     for k, val in state.items():
         setattr(app.state, k, val)
+    if getattr(app.state, "placements", None) is None:  # serve passes the process's one
+        app.state.placements = PlacementSource(engine)
     app.include_router(router)
     app.include_router(plans_router)
     app.include_router(tokens_router)

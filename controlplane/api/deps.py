@@ -26,10 +26,7 @@ MAX_TIME = 1e11  # unix seconds, year 5138
 
 def get_placements(request: Request) -> PlacementSource:
     """The process's placement source (shared with the controller and the dashboard)."""
-    state = request.app.state
-    if getattr(state, "placements", None) is None:
-        state.placements = PlacementSource(state.engine)
-    return state.placements
+    return request.app.state.placements
 
 
 PlacementsDep = Annotated[PlacementSource, Depends(get_placements)]

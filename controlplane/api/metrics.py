@@ -54,7 +54,7 @@ class ClusterCollector:
         yield _gauge("moeplane_retention_failing", "1 when the last retention pass failed",
                      1.0 if retention and retention.last_error else 0.0)
         yield from self._devices(st.engine)
-        yield from self._jobs(st.engine, self._placements())
+        yield from self._jobs(st.engine, st.placements)  # a scrape reuses the blobs it holds
         yield _gauge("moeplane_scrape_collect_seconds", "time spent collecting this scrape",
                      time.perf_counter() - started)
 
@@ -77,12 +77,6 @@ class ClusterCollector:
             if cap:
                 total.add_metric(lab, cap)
         yield from (util, used, total)
-
-    def _placements(self) -> PlacementSource:
-        """The process's placement source: a scrape reuses the blobs it holds."""
-        if getattr(self.state, "placements", None) is None:
-            self.state.placements = PlacementSource(self.state.engine)
-        return self.state.placements
 
     def _jobs(self, engine, placements: PlacementSource):
         from moeplane.controlplane.balancing import balancedness

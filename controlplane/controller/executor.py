@@ -35,6 +35,12 @@ def approve_plan(engine: Engine, job_id: str, epoch: int, detail: str, clock=tim
     return push_plan(engine, job_id, epoch, clock)
 
 
+def reject_plan(engine: Engine, job_id: str, epoch: int, detail: str = "rejected by operator",
+                clock=time.time) -> dict:
+    """open → rejected (nothing to publish); returns the plan."""
+    return P.transition(engine, job_id, epoch, Status.REJECTED, detail=detail, clock=clock)
+
+
 def push_decision(engine: Engine, job_id: str, decision_id: int, clock=time.time) -> bytes:
     """approved → pushed; returns the OffloadDecision to publish on ``offload.<job>``."""
     decision = O.transition(engine, job_id, decision_id, Status.PUSHED, clock=clock)
@@ -69,8 +75,7 @@ class Executor:
         return await asyncio.to_thread(P.get_plan, self.engine, job_id, epoch, with_placement=False)
 
     async def reject_plan(self, job_id: str, epoch: int, detail: str = "rejected by operator") -> dict:
-        return await asyncio.to_thread(P.transition, self.engine, job_id, epoch, Status.REJECTED,
-                                       detail=detail, clock=self.clock)
+        return await asyncio.to_thread(reject_plan, self.engine, job_id, epoch, detail, self.clock)
 
     async def approve_decision(self, job_id: str, decision_id: int,
                                detail: str = "approved by operator") -> dict:
