@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.hf_ep.ranks import run_ranks
+from tests.ranks import run_ranks
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(600)]  # a loaded 2-core box
 

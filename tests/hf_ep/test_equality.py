@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.hf_ep import ep_worker
-from tests.hf_ep.ranks import run_ranks
+from tests.ranks import run_ranks
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(900)]  # a loaded 2-core box
 WORLD = 4

@@ -11,18 +11,21 @@ import torch
 
 from tests.conftest import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_ranks(module: str, out: Path, world: int, *args: str, timeout: float = 600) -> list:
-    """``python -m module OUT *args`` as ranks 0..world-1; each writes ``OUT/rank{r}.pt``."""
+def run_ranks(module: str, out: Path, world: int, *args: str, timeout: float = 600,
+              env: dict[str, str] | None = None) -> list:
+    """``python -m module OUT *args`` as ranks 0..world-1; each writes ``OUT/rank{r}.pt``.
+    ``env`` adds to each rank's environment (LOCAL_RANK and LOCAL_WORLD_SIZE are set too)."""
     port = free_port()
     procs = []
     for rank in range(world):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+        rank_env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                        LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                        OMP_NUM_THREADS="1", **(env or {}))
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", module, str(out), *args], cwd=ROOT, env=env,
+            [sys.executable, "-m", module, str(out), *args], cwd=ROOT, env=rank_env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = []
     try:
