@@ -7,7 +7,6 @@ skipped locally but FAILS under ``CI=true``.
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 
@@ -36,12 +35,6 @@ def unavailable(what: str, why: object) -> None:
     if IN_CI:
         pytest.fail(msg + " (CI=true: a test that needs it must not be skipped)")
     pytest.skip(msg)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

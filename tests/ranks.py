@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from tests.conftest import free_port
+from moeplane.controlplane.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

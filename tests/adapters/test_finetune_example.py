@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from moeplane.controlplane.procs import free_port
 from tests.procs import spawn, start_serve, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]

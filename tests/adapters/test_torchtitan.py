@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import free_port
+from moeplane.controlplane.procs import free_port
 
 pytest.importorskip("torchtitan.models.common.moe")  # the titan extra; make test skips it (README)
 pytestmark = [pytest.mark.torch, pytest.mark.slow]

@@ -20,7 +20,7 @@ from moeplane.controlplane.balancing.placement import (
     identity_placement,
     layer_balancedness,
 )
-from tests.conftest import free_port
+from moeplane.controlplane.procs import free_port
 from tests.procs import spawn, start_serve, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch, pytest.mark.timeout(600)]  # a loaded 2-core box

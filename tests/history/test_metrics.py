@@ -10,7 +10,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import free_port, unavailable
+from moeplane.controlplane.procs import free_port
+from tests.conftest import unavailable
 from tests.procs import spawn, wait_until
 
 

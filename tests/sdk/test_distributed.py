@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from moeplane.controlplane.balancing import gpu_loads, layer_balancedness, route_replicas
+from moeplane.controlplane.procs import free_port
 from moeplane.controlplane.wire import moeplane_pb2 as pb
-from tests.conftest import free_port
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 WORLD = 4

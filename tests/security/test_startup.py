@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import free_port
+from moeplane.controlplane.procs import free_port
 from tests.controlplane.serverthread import running_server
 
 
