@@ -30,7 +30,7 @@ import time
 
 from sqlalchemy.engine import Engine
 
-from moeplane.controlplane.controller.executor import push_decision
+from moeplane.controlplane.controller.executor import approve_decision
 from moeplane.controlplane.controller.leader import Leadership
 from moeplane.controlplane.controller.loop import ReconcileLoop
 from moeplane.controlplane.domain.lifecycle import IN_FLIGHT, Conflict, Status
@@ -159,8 +159,7 @@ class OffloadController(ReconcileLoop):
                  decision_id, decision.verdict.value, reason)
         if not changes or policy.mode != Mode.AUTO:
             return None
-        O.transition(self.engine, job_id, decision_id, Status.APPROVED, detail="auto policy", clock=self.clock)
-        return push_decision(self.engine, job_id, decision_id, clock=self.clock)
+        return approve_decision(self.engine, job_id, decision_id, "auto policy", clock=self.clock)
 
     def _expire(self, job_id: str) -> None:
         """Fail pushed decisions not reported applied within the policy's timeout."""
