@@ -20,6 +20,7 @@ jobs = sa.Table(
     sa.Column("world_size", sa.Integer, nullable=True),  # EP ranks G
     sa.Column("slots_per_rank", sa.Integer, nullable=True),  # S
     sa.Column("ranks_per_node", sa.Integer, nullable=True),
+    sa.Column("groups", sa.Integer, nullable=True),  # K expert groups (group-limited routing)
     sa.Column("created_at", sa.Float, nullable=False),
 )
 

@@ -63,7 +63,7 @@ class Hello(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., hostname: _Optional[str] = ..., agent_version: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[DeviceInfo, _Mapping]]] = ..., job_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., job: _Optional[_Union[JobSpec, _Mapping]] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("job_id", "layers", "experts", "top_k", "world_size", "slots_per_rank", "ranks_per_node")
+    __slots__ = ("job_id", "layers", "experts", "top_k", "world_size", "slots_per_rank", "ranks_per_node", "groups")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     EXPERTS_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class JobSpec(_message.Message):
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     SLOTS_PER_RANK_FIELD_NUMBER: _ClassVar[int]
     RANKS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     layers: int
     experts: int
@@ -78,7 +79,8 @@ class JobSpec(_message.Message):
     world_size: int
     slots_per_rank: int
     ranks_per_node: int
-    def __init__(self, job_id: _Optional[str] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., top_k: _Optional[int] = ..., world_size: _Optional[int] = ..., slots_per_rank: _Optional[int] = ..., ranks_per_node: _Optional[int] = ...) -> None: ...
+    groups: int
+    def __init__(self, job_id: _Optional[str] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., top_k: _Optional[int] = ..., world_size: _Optional[int] = ..., slots_per_rank: _Optional[int] = ..., ranks_per_node: _Optional[int] = ..., groups: _Optional[int] = ...) -> None: ...
 
 class DeviceSamples(_message.Message):
     __slots__ = ("timestamp", "device_ids", "metrics", "values")
@@ -322,17 +324,33 @@ class ConsumedBatch(_message.Message):
     timestamp: float
     def __init__(self, step: _Optional[int] = ..., rank: _Optional[int] = ..., trained_version: _Optional[int] = ..., samples: _Optional[int] = ..., lag_min: _Optional[int] = ..., lag_mean: _Optional[float] = ..., lag_max: _Optional[int] = ..., bound: _Optional[int] = ..., dropped: _Optional[int] = ..., partial: _Optional[int] = ..., timestamp: _Optional[float] = ...) -> None: ...
 
+class PhaseLoads(_message.Message):
+    __slots__ = ("step", "rank", "phase", "counts", "timestamp")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    rank: int
+    phase: str
+    counts: NDArray
+    timestamp: float
+    def __init__(self, step: _Optional[int] = ..., rank: _Optional[int] = ..., phase: _Optional[str] = ..., counts: _Optional[_Union[NDArray, _Mapping]] = ..., timestamp: _Optional[float] = ...) -> None: ...
+
 class RLReport(_message.Message):
-    __slots__ = ("job_id", "spans", "syncs", "batches")
+    __slots__ = ("job_id", "spans", "syncs", "batches", "phase_loads")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPANS_FIELD_NUMBER: _ClassVar[int]
     SYNCS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    PHASE_LOADS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spans: RLSpans
     syncs: _containers.RepeatedCompositeFieldContainer[WeightSync]
     batches: _containers.RepeatedCompositeFieldContainer[ConsumedBatch]
-    def __init__(self, job_id: _Optional[str] = ..., spans: _Optional[_Union[RLSpans, _Mapping]] = ..., syncs: _Optional[_Iterable[_Union[WeightSync, _Mapping]]] = ..., batches: _Optional[_Iterable[_Union[ConsumedBatch, _Mapping]]] = ...) -> None: ...
+    phase_loads: _containers.RepeatedCompositeFieldContainer[PhaseLoads]
+    def __init__(self, job_id: _Optional[str] = ..., spans: _Optional[_Union[RLSpans, _Mapping]] = ..., syncs: _Optional[_Iterable[_Union[WeightSync, _Mapping]]] = ..., batches: _Optional[_Iterable[_Union[ConsumedBatch, _Mapping]]] = ..., phase_loads: _Optional[_Iterable[_Union[PhaseLoads, _Mapping]]] = ...) -> None: ...
 
 class Config(_message.Message):
     __slots__ = ("sample_interval_s", "job_id", "resume_after_seq")
