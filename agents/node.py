@@ -67,6 +67,7 @@ class NodeState:
         self.links: dict[int, RankLink] = {}
         self.device_ranks: dict[str, int] = {}
         self.host_bound: dict[str, float] = {}
+        self.rank_memory: dict[str, tuple[int, int]] = {}  # device_id -> (used, capacity) bytes
         self.aggregator: StepAggregator | None = None
         self.plans: dict[int, _PlanProgress] = {}
         self.latest_plan: pb.PlacementPlan | None = None
@@ -147,6 +148,12 @@ class NodeState:
                  hello.device_id or "-")
         return link
 
+    def rank_devices(self, sampled: set[str]) -> list[str]:
+        """Devices that only a rank's hello made known (kind "rank"): no collector samples
+        them, so the node reports what their ranks measure (host-bound ratio, memory)."""
+        return [d.device_id for d in self.devices
+                if d.kind == "rank" and d.device_id not in sampled]
+
     def detach(self, link: RankLink) -> None:
         if self.links.get(link.rank) is link:
             del self.links[link.rank]
@@ -187,6 +194,8 @@ class NodeState:
             self.step_opened.set()
         if step.HasField("memory"):
             self.offload.add_profile(link.rank, link.device_id, step.step, step.memory)
+            self.rank_memory[link.device_id] = (step.memory.used_bytes,
+                                                step.memory.capacity_bytes)
             self.memory_changed.set()
 
     def flush_memory(self, now: float | None = None, force: bool = False) -> int | None:

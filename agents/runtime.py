@@ -110,11 +110,26 @@ class Agent:
         values = self.collector.sample(now)
         names = list(self.collector.metrics)
         ids = [d.device_id for d in self.collector.devices]
+        rank_ids = self.node.rank_devices(set(ids))
+        if rank_ids:  # rows of devices only ranks know: the collector measured none of them
+            values = np.vstack([np.asarray(values, dtype=np.float64).reshape(len(ids), len(names)),
+                                np.full((len(rank_ids), len(names)), math.nan)])
+            ids = ids + rank_ids
         extra_names, extra = [], []
         hb = self.node.host_bound
         if hb:
             extra_names.append(m.HOST_BOUND_RATIO)
             extra.append([hb.get(i, math.nan) for i in ids])
+        mem = self.node.rank_memory
+        for col, name in ((0, m.MEMORY_USED_BYTES), (1, m.MEMORY_TOTAL_BYTES)):
+            if rank_ids and any(i in mem for i in rank_ids):
+                row = [float(mem[i][col]) if i in mem else math.nan for i in ids]
+                if name in names:  # the collector's column: fill the rank devices' rows
+                    j = names.index(name)
+                    values[len(ids) - len(rank_ids):, j] = row[len(ids) - len(rank_ids):]
+                else:
+                    extra_names.append(name)
+                    extra.append(row)
         dropped = self.spool.dropped_total
         if dropped:
             extra_names.append(m.SPOOL_DROPPED_TOTAL)

@@ -135,3 +135,31 @@ def test_each_attaching_rank_is_announced_with_its_device(local_agent):
     assert devices[:2] == [("node-0/gpu0", 0), ("node-0/gpu1", 1)]
     r0.close()
     r1.close()
+
+
+def test_a_device_only_a_rank_knows_gets_samples_of_what_the_rank_measures(local_agent):
+    """A CPU rank (or any device no collector of the node sees) announces "node-0/cpu-rank1":
+    the agent's samples then carry that device's host-bound ratio and memory from the rank's
+    own steps, so the Cluster and Memory pages show it instead of "no samples"."""
+    server, channel = local_agent
+    r0, r1 = Rank(channel, 0), Rank(channel, 1, device_id="node-0/cpu-rank1")
+    memory = pb.MemoryProfile(capacity_bytes=64 << 20, used_bytes=24 << 20,
+                              host_link_bytes_per_s=1e9, layers=[pb.LayerMemory(
+                                  name="layers.0", activation_bytes=1 << 20, forward_s=1e-3,
+                                  backward_s=2e-3)])
+    r0.step(0, np.ones((2, 4), np.int64))
+    r1.step(0, np.ones((2, 4), np.int64), memory=memory)
+
+    def rank_device(s):
+        got = {d["device_id"]: d["metrics"] for d in s.api.get("/devices/latest").json()}
+        m = got.get("node-0/cpu-rank1") or {}
+        return m if m.get("memory_used_bytes") is not None else None
+
+    metrics = server.wait(rank_device, what="samples of the rank-only device")
+    assert metrics["host_bound_ratio"] == 0.25
+    assert metrics["memory_used_bytes"] == 24 << 20
+    assert metrics["memory_total_bytes"] == 64 << 20
+    devices = {d["device_id"]: d for d in server.api.get("/devices").json()}
+    assert devices["node-0/cpu-rank1"]["rank"] == 1
+    r0.close()
+    r1.close()
