@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moeplane.dashboard.units import byte_unit, fmt_bytes
+
 GIB = float(1 << 30)
 
 
@@ -164,7 +166,8 @@ def _fmt(values: dict[str, float], total: float | None) -> str:
     used = values.get("memory_used_bytes")
     tot = values.get("memory_total_bytes") or total
     if used is not None:
-        parts.append(f"HBM {used / GIB:.1f}" + (f" / {tot / GIB:.1f} GiB" if tot else " GiB"))
+        unit = byte_unit(tot or used)
+        parts.append(f"memory {fmt_bytes(used, unit)}" + (f" / {fmt_bytes(tot, unit)}" if tot else ""))
     if "host_bound_ratio" in values:
         parts.append(f"host-bound {values['host_bound_ratio'] * 100:.0f} %")
     if "temperature_celsius" in values:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-GIB = float(1 << 30)
+from moeplane.dashboard.units import byte_unit, fmt_bytes
 
 PARTS = (
     ("parameters_bytes", "parameters", "#1f77b4"),
@@ -21,42 +21,44 @@ PARTS = (
 )
 
 
-def _gib(v) -> float | None:
-    return None if v is None else round(float(v) / GIB, 3)
-
-
 def breakdown_figure(rows: list[dict]) -> dict:
-    """``memory-breakdown``: one stacked bar per device (GiB) of parameters, gradients,
-    optimizer state, peak activations and the rest; capacity and the high watermark as
-    markers."""
+    """``memory-breakdown``: one stacked bar per device of parameters, gradients, optimizer
+    state, peak activations and the rest; capacity and the high watermark as markers. The
+    unit is GiB, or a smaller binary unit when the largest capacity is under 1 GiB."""
     ids = [r["device_id"] for r in rows]
+    unit, scale = byte_unit(max((float(r["capacity_bytes"] or 0) for r in rows), default=None))
+
+    def scaled(v) -> float | None:
+        return None if v is None else round(float(v) / scale, 3)
+
     traces = [
-        {"type": "bar", "x": ids, "y": [_gib(r[key]) for r in rows], "name": name,
+        {"type": "bar", "x": ids, "y": [scaled(r[key]) for r in rows], "name": name,
          "marker": {"color": colour},
-         "hovertemplate": "%{x}: %{y:.2f} GiB<extra>" + name + "</extra>"}
+         "hovertemplate": "%{x}: %{y:.2f} " + unit + "<extra>" + name + "</extra>"}
         for key, name, colour in PARTS
     ]
     traces.append({"type": "scatter", "mode": "markers", "x": ids,
-                   "y": [_gib(r["capacity_bytes"]) for r in rows], "name": "capacity",
+                   "y": [scaled(r["capacity_bytes"]) for r in rows], "name": "capacity",
                    "marker": {"symbol": "line-ew-open", "size": 14, "color": "#000",
                               "line": {"width": 2}},
-                   "hovertemplate": "%{x}: capacity %{y:.1f} GiB<extra></extra>"})
+                   "hovertemplate": "%{x}: capacity %{y:.1f} " + unit + "<extra></extra>"})
     traces.append({"type": "scatter", "mode": "markers", "x": ids,
-                   "y": [_gib(r["high_watermark_bytes"]) for r in rows], "name": "high watermark",
+                   "y": [scaled(r["high_watermark_bytes"]) for r in rows],
+                   "name": "high watermark",
                    "marker": {"symbol": "line-ew-open", "size": 14, "color": "#e74c3c",
                               "line": {"width": 2}},
-                   "hovertemplate": "%{x}: high watermark %{y:.1f} GiB<extra></extra>"})
+                   "hovertemplate": "%{x}: high watermark %{y:.1f} " + unit + "<extra></extra>"})
     return {
         "data": traces,
         "layout": {
-            "title": {"text": f"Device memory breakdown ({len(rows)} devices, GiB)", "x": 0.01,
-                      "xanchor": "left"},
+            "title": {"text": f"Device memory breakdown ({len(rows)} devices, {unit})",
+                      "x": 0.01, "xanchor": "left"},
             "barmode": "stack",
             "height": 380,
             "margin": {"l": 50, "r": 20, "t": 40, "b": 80},
             "xaxis": {"type": "category", "tickangle": -45,
                       "showticklabels": len(rows) <= 64},
-            "yaxis": {"title": {"text": "GiB"}},
+            "yaxis": {"title": {"text": unit}},
             "legend": {"orientation": "h", "y": 1.08, "x": 1.0, "xanchor": "right"},
             "uirevision": "memory",
         },
@@ -77,14 +79,16 @@ def decision_rows(decisions: list[dict]) -> list[dict]:
     out = []
     for d in decisions:
         measured = d.get("measured_used_bytes")
+        unit, scale = byte_unit(max(d["peak_now_bytes"], d["predicted_peak_bytes"]))
         out.append({
             "decision_id": int(d["decision_id"]),
             "device": str(d["device_id"]),
             "status": str(d["status"]),
             "verdict": str(d["verdict"]),
             "actions": action_text(d.get("actions") or []),
-            "peak": f"{d['peak_now_bytes'] / GIB:.1f} → {d['predicted_peak_bytes'] / GIB:.1f} GiB",
-            "measured": "–" if measured is None else f"{measured / GIB:.1f} GiB",
+            "peak": f"{d['peak_now_bytes'] / scale:.1f} → "
+                    f"{d['predicted_peak_bytes'] / scale:.1f} {unit}",
+            "measured": "–" if measured is None else fmt_bytes(measured, (unit, scale)),
             "created": _when(d["created_at"]),
             "reason": str(d.get("reason") or ""),
         })

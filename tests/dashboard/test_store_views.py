@@ -13,8 +13,11 @@ from moeplane.controlplane.store.migrate import upgrade
 from moeplane.controlplane.store.queries import Range
 from moeplane.controlplane.store.writes import StoreWriter
 from moeplane.dashboard.history_queries import device_values_at, range_end_time
-from moeplane.dashboard.memory_views import GIB, breakdown_figure, decision_rows, memory_summary
+from moeplane.dashboard.memory_views import breakdown_figure, decision_rows, memory_summary
 from moeplane.dashboard.source import current_placement, placements_at_steps
+from moeplane.dashboard.units import UNITS
+
+GIB = UNITS[0][1]
 
 
 @pytest.fixture
@@ -118,3 +121,21 @@ def test_sim_job_loads_are_consistent(sim):
     engine, job = sim
     counts = job.step(0, time.time())
     assert counts.shape == (3, 8)
+
+
+def test_small_devices_are_shown_in_a_unit_that_fits():
+    """A CPU rank's few MiB are not "0.0 GiB": figure, rows and text pick MiB (or KiB)."""
+    from moeplane.dashboard.cluster_views import _fmt
+    from moeplane.dashboard.units import byte_unit, fmt_bytes
+
+    mib = float(1 << 20)
+    assert byte_unit(80 * GIB) == ("GiB", GIB) and byte_unit(None) == ("GiB", GIB)
+    assert byte_unit(24 * mib) == ("MiB", mib) and byte_unit(512.0) == ("B", 1.0)
+    assert fmt_bytes(24 * mib) == "24.0 MiB" and fmt_bytes(1536.0) == "1.5 KiB"
+    row = {"device_id": "node-0/cpu-rank1", "parameters_bytes": 8 * mib, "gradients_bytes": 0,
+           "optimizer_bytes": 0, "activations_peak_bytes": 4 * mib, "other_bytes": 0,
+           "capacity_bytes": 64 * mib, "high_watermark_bytes": 57.6 * mib}
+    fig = breakdown_figure([row])
+    assert fig["layout"]["yaxis"]["title"]["text"] == "MiB" and fig["data"][0]["y"] == [8.0]
+    assert "MiB" in fig["layout"]["title"]["text"]
+    assert _fmt({"memory_used_bytes": 24 * mib}, 64 * mib).startswith("memory 24.0 MiB / 64.0 MiB")
