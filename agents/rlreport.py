@@ -27,9 +27,19 @@ def encode_spans(spans: Spans) -> pb.RLSpans:
     )
 
 
+def phase_loads(step: int, rank: int, phase: str, counts: np.ndarray, timestamp: float) -> pb.PhaseLoads:
+    """One rank's expert loads in one phase of one step: ``counts`` int [L, E] tokens routed to
+    each expert of each MoE layer during the phase (sent as int32 when it fits, else int64);
+    ``timestamp`` unix seconds when the phase ended."""
+    counts = np.asarray(counts)
+    narrow = counts.size == 0 or (counts.min() >= 0 and counts.max() <= np.iinfo(np.int32).max)
+    return pb.PhaseLoads(step=step, rank=rank, phase=phase, timestamp=timestamp,
+                         counts=encode_array(counts.astype(np.int32 if narrow else np.int64)))
+
+
 def rl_report(job_id: str, spans: Spans | None = None, syncs: Sequence[pb.WeightSync] = (),
-              batches: Sequence[pb.ConsumedBatch] = ()) -> pb.RLReport:
-    msg = pb.RLReport(job_id=job_id, syncs=list(syncs), batches=list(batches))
+              batches: Sequence[pb.ConsumedBatch] = (), loads: Sequence[pb.PhaseLoads] = ()) -> pb.RLReport:
+    msg = pb.RLReport(job_id=job_id, syncs=list(syncs), batches=list(batches), phase_loads=list(loads))
     if spans is not None and len(spans):
         msg.spans.CopyFrom(encode_spans(spans))
     return msg

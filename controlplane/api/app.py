@@ -14,6 +14,7 @@ from moeplane.controlplane.api.offload import router as offload_router
 from moeplane.controlplane.api.plans import default_router as default_policy_router
 from moeplane.controlplane.api.plans import router as plans_router
 from moeplane.controlplane.api.rl import router as rl_router
+from moeplane.controlplane.api.rl_loads import router as rl_loads_router
 from moeplane.controlplane.api.routes import router
 from moeplane.controlplane.api.tokens import router as tokens_router
 from moeplane.controlplane.auth.body import DEFAULT_MAX_BODY_BYTES, BodyGuard
@@ -54,6 +55,7 @@ def create_api(engine: Engine, **state) -> FastAPI:
     app.include_router(default_policy_router)
     app.include_router(offload_router)
     app.include_router(rl_router)
+    app.include_router(rl_loads_router)
 
     @app.exception_handler(NotFound)
     async def _not_found(_request: Request, exc: NotFound):

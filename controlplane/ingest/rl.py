@@ -1,9 +1,11 @@
-"""Ingest of ``RLReport``: phase spans (packed columns), weight syncs and consumed batches.
+"""Ingest of ``RLReport``: phase spans (packed columns), weight syncs, consumed batches and
+expert loads by phase.
 
 A structurally broken report (a column of the wrong dtype or length, another job's id) is
 refused whole. Otherwise each bad row is refused on its own (end < start, an unknown phase or
-role, a policy version going backwards for a rank, a rank that is not the node's) and the rest
-is stored; the error names the first bad field. Storage is idempotent by key (see
+role, a policy version going backwards for a rank, a rank that is not the node's, phase loads
+whose counts are not the job's [L, E] of integers >= 0) and the rest is stored; the error
+names the first bad field. Storage is idempotent by key (see
 :mod:`moeplane.controlplane.store.rl`), so the agent's resends store nothing twice; the stream
 then claims the message's (node, seq) like any other.
 """
@@ -17,8 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy.engine import Engine
 
+from moeplane.controlplane.ingest.validate import JobShape
 from moeplane.controlplane.rl.phases import PHASE_CODE, ROLE_CODE, Spans
 from moeplane.controlplane.store import rl as store_rl
+from moeplane.controlplane.store.rl_loads import PhaseLoadsRow
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 from moeplane.controlplane.wire.arrays import WireError, decode_array
 
@@ -164,11 +168,49 @@ def _batch(b: pb.ConsumedBatch, i: int, refused: _Refusals) -> dict | None:
                                        "lag_max", "bound", "dropped", "partial")} | {"ts": b.timestamp}
 
 
-class RLIngest:
-    """Validates and stores RL reports; remembers each rank's latest (start, version)."""
+def _phase_loads(p: pb.PhaseLoads, i: int, shape: JobShape | None, job: str,
+                 refused: _Refusals) -> PhaseLoadsRow | None:
+    """The row of ``p`` (its counts checked against the job's [L, E]), or None when refused."""
+    f = f"rl.phase_loads[{i}]"
+    code = PHASE_CODE.get(p.phase)
+    problem = (
+        (f"{f}.phase", f"{p.phase!r} is not a known phase") if code is None else
+        (f"{f}.step", f"{p.step} < 0") if p.step < 0 else
+        (f"{f}.rank", f"{p.rank} < 0 (phase loads are a device's)") if p.rank < 0 else
+        (f"{f}.timestamp", f"{p.timestamp} is not a unix time")
+        if not (math.isfinite(p.timestamp) and p.timestamp >= 0) else
+        (f"{f}.counts", f"job {job!r} has no [L, E] yet (declare layers and experts in its job spec)")
+        if shape is None or not (shape.layers and shape.experts) else None
+    )
+    if problem:
+        refused.add(*problem)
+        return None
+    try:
+        counts = decode_array(p.counts, f"{f}.counts", ndim=2, shape=(shape.layers, shape.experts), kinds="iu",
+                              nonnegative=True)
+    except WireError as exc:
+        refused.add(exc.field, exc.problem)
+        return None
+    return PhaseLoadsRow(int(p.step), int(p.rank), code, float(p.timestamp), counts)
 
-    def __init__(self, engine: Engine):
+
+def _foreign(ranks: np.ndarray, node_ranks: set[int]) -> np.ndarray:
+    """bool mask of ``ranks`` (>= 0) that are not the node's; none when its hello announced no
+    ranks."""
+    if not node_ranks:
+        return np.zeros(ranks.shape, dtype=bool)
+    return (ranks >= 0) & ~np.isin(ranks, sorted(node_ranks))
+
+
+class RLIngest:
+    """Validates and stores RL reports; remembers each rank's latest (start, version).
+
+    ``catalog``: the jobs' [L, E] (``await catalog.get(job_id)`` -> JobShape | None), which
+    phase loads must match."""
+
+    def __init__(self, engine: Engine, catalog):
         self.engine = engine
+        self.catalog = catalog
         self._latest: dict[tuple[str, int], tuple[float, int]] = {}
 
     def _context(self, job_id: str, node_id: str, ranks: set[int]):
@@ -192,26 +234,43 @@ class RLIngest:
         node_job, node_ranks = await asyncio.to_thread(self._context, job, node_id, ranks)
         if node_job is not None and node_job != job:
             raise WireError("rl.job_id", f"node {node_id!r} is not part of job {job!r}")
-        if node_ranks:
-            foreign = ok & (spans.rank >= 0) & ~np.isin(spans.rank, sorted(node_ranks))
-            if foreign.any():
-                i = int(np.flatnonzero(foreign)[0])
-                refused.add(f"rl.spans.rank[{i}]", f"rank {spans.rank[i]} is not a rank of node {node_id!r} "
-                            f"in job {job!r}", int(foreign.sum()))
-                ok &= ~foreign
+        foreign = ok & _foreign(spans.rank, node_ranks)
+        if foreign.any():
+            i = int(np.flatnonzero(foreign)[0])
+            refused.add(f"rl.spans.rank[{i}]", f"rank {spans.rank[i]} is not a rank of node {node_id!r} "
+                        f"in job {job!r}", int(foreign.sum()))
+            ok &= ~foreign
         latest = {r: self._latest[(job, r)] for r in ranks if (job, r) in self._latest}
         check_versions(spans, ok, latest, refused)
         syncs = [d for i, s in enumerate(report.syncs) if (d := _sync(s, i, refused)) is not None]
         batches = [d for i, b in enumerate(report.batches) if (d := _batch(b, i, refused)) is not None]
+        loads = await self._loads(report.phase_loads, job, node_id, node_ranks, refused)
         good = spans.take(ok)
-        await asyncio.to_thread(store_rl.save_report, self.engine, job, node_id, good, syncs, batches)
+        await asyncio.to_thread(store_rl.save_report, self.engine, job, node_id, good, syncs, batches, loads)
         for r in np.unique(good.rank[good.rank >= 0]).tolist():
             mine = good.rank == r
             prev = self._latest.get((job, r), (-math.inf, -1))
             self._latest[(job, r)] = (max(prev[0], float(good.start[mine].max())),
                                       max(prev[1], int(good.version[mine].max())))
         if refused.count:
-            total = len(spans) + len(report.syncs) + len(report.batches)
+            total = len(spans) + len(report.syncs) + len(report.batches) + len(report.phase_loads)
             raise WireError(refused.field, f"{refused.problem} ({refused.count} of {total} items refused; "
                                            "the rest stored)")
         return len(good)
+
+    async def _loads(self, msgs, job: str, node_id: str, node_ranks: set[int],
+                     refused: _Refusals) -> list[PhaseLoadsRow]:
+        """The valid rows of ``msgs`` (repeated PhaseLoads); the others counted in ``refused``."""
+        if not msgs:
+            return []
+        shape = await self.catalog.get(job)
+        rows = []
+        for i, p in enumerate(msgs):
+            row = _phase_loads(p, i, shape, job, refused)
+            if row is not None and _foreign(np.array([row.rank]), node_ranks)[0]:
+                refused.add(f"rl.phase_loads[{i}].rank", f"rank {row.rank} is not a rank of node {node_id!r} "
+                            f"in job {job!r}")
+                row = None
+            if row is not None:
+                rows.append(row)
+        return rows

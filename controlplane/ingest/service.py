@@ -96,7 +96,7 @@ class IngestService(rpc.IngestServicer):
         self.channels = SharedChannels(bus)  # one bus subscription per job channel, not per stream
         self.plans = planpush.PlanCache(self.channels)  # shared plan bytes
         self.plan_reports = planreports.PlanReports(writer.engine, clock)  # one transaction per batch
-        self.rl = RLIngest(writer.engine)  # RL phase spans, weight syncs, batches
+        self.rl = RLIngest(writer.engine, catalog)  # RL phase spans, weight syncs, batches, phase loads
 
     async def Connect(self, request_iterator, context):  # noqa: N802 - gRPC method name
         principal = None

@@ -1,8 +1,9 @@
-"""RL post-training rows: phase spans, weight syncs and consumed batches.
+"""RL post-training rows: phase spans, weight syncs, consumed batches and phase loads.
 
 Writes are idempotent by each table's primary key (a resent report stores nothing twice):
 spans by (job, node, rank, phase, start), syncs by (job, rank, to_version), batches by
-(job, step, rank). One transaction per report.
+(job, step, rank), phase loads by (job, rank, step, phase) (:mod:`.rl_loads`). One
+transaction per report.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from moeplane.controlplane.rl.phases import Spans
-from moeplane.controlplane.store import bulk
+from moeplane.controlplane.store import bulk, rl_loads
 from moeplane.controlplane.store import tables as t
 
 SPAN_COLUMNS = ("job_id", "node_id", "rank", "phase", "start_ts", "end_ts", "step", "version", "role", "tokens")
@@ -27,11 +28,13 @@ MAX_SPANS = 2_000_000  # most spans one read returns
 
 
 def save_report(engine: Engine, job_id: str, node_id: str, spans: Spans,
-                syncs: Sequence[dict] = (), batches: Sequence[dict] = ()) -> None:
-    """Store a report's spans, weight syncs (dicts of SYNC_COLUMNS but job and node) and
-    batches (dicts of BATCH_COLUMNS but job and node) in one transaction; existing keys are
-    kept as they are."""
+                syncs: Sequence[dict] = (), batches: Sequence[dict] = (),
+                phase_loads: Sequence[rl_loads.PhaseLoadsRow] = ()) -> None:
+    """Store a report's spans, weight syncs (dicts of SYNC_COLUMNS but job and node), batches
+    (dicts of BATCH_COLUMNS but job and node) and phase loads in one transaction; existing
+    keys are kept as they are."""
     with engine.begin() as conn:
+        rl_loads.insert(conn, job_id, node_id, phase_loads)
         _insert_spans(conn, job_id, node_id, spans)
         bulk.insert(conn, t.rl_weight_syncs, SYNC_COLUMNS,
                     [_row(SYNC_COLUMNS, s, job_id, node_id) for s in syncs],

@@ -62,3 +62,24 @@ rl_batches = sa.Table(
     sa.Column("partial", sa.BigInteger, nullable=False),
     sa.Column("ts", sa.Float, nullable=False),  # unix s
 )
+
+# Expert loads of an MoE policy by RL phase (migration 0008): one row per (job, rank, step,
+# phase), stored once. ``counts`` [layers, experts] tokens routed to each expert during the
+# phase, C-order little-endian of ``dtype`` (the narrowest of uint8/uint16/uint32/int64 that
+# holds the largest count), zlib-compressed (see moeplane.controlplane.store.rl_loads).
+rl_phase_loads = sa.Table(
+    "rl_phase_loads",
+    metadata,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("rank", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("step", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("phase", sa.SmallInteger, primary_key=True, autoincrement=False),  # code into PHASES
+    sa.Column("node_id", sa.String(128), nullable=False),
+    sa.Column("ts", sa.Float, nullable=False),  # unix s, when the phase ended
+    sa.Column("layers", sa.Integer, nullable=False),
+    sa.Column("experts", sa.Integer, nullable=False),
+    sa.Column("dtype", sa.String(8), nullable=False),  # numpy dtype string, e.g. "<u2"
+    sa.Column("tokens", sa.BigInteger, nullable=False),  # sum of counts
+    sa.Column("counts", sa.LargeBinary, nullable=False),
+)
+sa.Index("ix_rl_phase_loads_job_step", rl_phase_loads.c.job_id, rl_phase_loads.c.step)

@@ -380,6 +380,7 @@ sa.Index("ix_received_at", received.c.received_at)
 # module; they are imported here, after ``metadata``, so that every table is known through this one.
 from moeplane.controlplane.store.rl_tables import (  # noqa: E402, F401
     rl_batches,
+    rl_phase_loads,
     rl_spans,
     rl_weight_syncs,
 )
