@@ -56,7 +56,7 @@ class RLRelay:
 
 
 def merge(parts: list[tuple[pb.RLReport, dict[str, np.ndarray]]]) -> pb.RLReport:
-    """One report holding every part's spans, syncs and batches."""
+    """One report holding every part's spans, syncs, batches and phase loads."""
     out = pb.RLReport(job_id=parts[0][0].job_id)
     phase_names: dict[str, int] = {}
     role_names: dict[str, int] = {}
@@ -64,6 +64,7 @@ def merge(parts: list[tuple[pb.RLReport, dict[str, np.ndarray]]]) -> pb.RLReport
     for report, c in parts:
         out.syncs.extend(report.syncs)
         out.batches.extend(report.batches)
+        out.phase_loads.extend(report.phase_loads)
         if not c:
             continue
         for name, table, field in ((report.spans.phase_names, phase_names, "phase"),

@@ -51,3 +51,18 @@ def test_a_malformed_report_is_refused_whole():
     bad.spans.end.CopyFrom(encode_array(np.zeros(3)))
     with pytest.raises(ValueError, match="rl.spans.end"):
         relay.add(bad)
+
+
+def test_phase_loads_of_ranks_travel_in_the_merged_report():
+    from moeplane.agents.rlreport import phase_loads
+
+    sent: list[pb.AgentMessage] = []
+    relay = RLRelay(sent.append)
+    counts = {r: np.arange(12).reshape(3, 4) * (r + 1) for r in (0, 1)}
+    for r in (0, 1):
+        relay.add(rl_report("job", loads=[phase_loads(7, r, "generate", counts[r], 100.0 + r)]))
+    relay.flush()
+    merged = sent[0].rl.phase_loads
+    assert [(p.rank, p.phase, p.step) for p in merged] == [(0, "generate", 7), (1, "generate", 7)]
+    for p in merged:
+        assert np.array_equal(decode_array(p.counts, "c", kinds="iu"), counts[p.rank])
