@@ -95,7 +95,9 @@ class Reporter:
             when :func:`moeplane.torch.attach` supplies it (``attach(model, reporter=...)``
             calls :meth:`bind_counter`).
         rank: global rank.
-        job: the job's shape (``JobSpec``; ``job_id``, ``layers``, ``experts`` required).
+        job: the job's shape (``JobSpec``; ``job_id``, ``layers``, ``experts`` required;
+            ``groups`` = K with ``world_size`` and ``ranks_per_node`` keeps every replica of
+            expert group g (experts ``g*E/K .. (g+1)*E/K-1``) on one node in the job's plans).
         socket_path: the agent's Unix socket; None measures without sending.
         device_id: this rank's device as the agent names it ("" when unknown).
         on_plan: called (on the receive thread) with every ``PlacementPlan`` from the agent.

@@ -58,6 +58,7 @@ class JobOptions:
     layers: int
     experts: int
     top_k: int
+    groups: int = 0               # K expert groups, each kept on one node (0: none)
     tokens_per_step: int = 4096   # tokens each rank routes per step
     step_time_s: float = 1.0      # step time of a perfectly balanced placement
     steps: int = 0                # 0: run until stopped
@@ -136,7 +137,7 @@ class SimulatedJob:
         o = self.o
         return pb.JobSpec(job_id=o.job_id, layers=o.layers, experts=o.experts, top_k=o.top_k,
                           world_size=o.world_size, slots_per_rank=self.slots,
-                          ranks_per_node=o.gpus_per_node)
+                          ranks_per_node=o.gpus_per_node, groups=o.groups)
 
     def _on_offload(self, rank: int, decision: pb.OffloadDecision) -> None:
         if decision.job_id == self.o.job_id and self.memory:

@@ -22,6 +22,7 @@ class Job(BaseModel):
     world_size: int | None
     slots_per_rank: int | None
     ranks_per_node: int | None
+    groups: int | None = None  # K expert groups, each kept on one node
     created_at: float
     latest_step: int | None
     nodes: list[str] | None = None

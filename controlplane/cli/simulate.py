@@ -27,6 +27,8 @@ def register(subparsers) -> None:
     p.add_argument("--layers", type=_positive, default=8, help="MoE layers L")
     p.add_argument("--experts", type=_positive, default=64, help="logical experts per layer E")
     p.add_argument("--top-k", type=_positive, default=8, help="experts per token")
+    p.add_argument("--groups", type=int, default=0,
+                   help="expert groups K, each kept on one node (0: none)")
     p.add_argument("--tokens-per-step", type=_positive, default=4096,
                    help="tokens each rank routes per step")
     p.add_argument("--step-time", type=float, default=1.0,
@@ -77,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_rl(args)
     if args.top_k > args.experts:
         raise SystemExit(f"--top-k ({args.top_k}) must be <= --experts ({args.experts})")
+    if args.groups < 0:
+        raise SystemExit("--groups must be >= 0")
     if args.step_time < 0 or args.steps < 0:
         raise SystemExit("--step-time and --steps must be >= 0")
     if args.pressure_every < 0 or args.host_spell_every < 0:
@@ -85,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
                         micro_batch=args.micro_batch) if args.memory else None
     options = JobOptions(
         job_id=args.job_id, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-        layers=args.layers, experts=args.experts, top_k=args.top_k,
+        layers=args.layers, experts=args.experts, top_k=args.top_k, groups=args.groups,
         tokens_per_step=args.tokens_per_step, step_time_s=args.step_time, steps=args.steps,
         seed=args.seed, socket_template=args.agent_socket_template,
         node_template=args.node_id_template, attach_timeout_s=args.attach_timeout,

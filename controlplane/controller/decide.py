@@ -92,6 +92,7 @@ def decide(
     policy: RebalancePolicy,
     planner: Callable = plan_placement,
     window: np.ndarray | None = None,
+    groups: int | None = None,
 ) -> Decision:
     """Decide for one job.
 
@@ -104,6 +105,8 @@ def decide(
         world_size, slots_per_rank, nodes: G, S and the node count (G divisible by nodes).
         step_time_s: recent mean step time, seconds.
         now, last_plan_at: unix seconds; ``last_plan_at`` None when the job has no plan yet.
+        groups: the job's K expert groups (``plan_placement(groups=K)``: every replica of a
+            group on its group's node); None: no groups.
     """
     if last_plan_at is not None and now - last_plan_at < policy.min_interval_s:
         return Decision(Action.HOLD, f"last plan {now - last_plan_at:.1f}s ago (< {policy.min_interval_s}s)")
@@ -115,9 +118,11 @@ def decide(
             Action.HOLD,
             f"balancedness {tail[-1]:.3f} not above {policy.imbalance_threshold} for {policy.sustain_steps} steps",
         )
+    if groups and policy.max_moves is not None:
+        return Decision(Action.HOLD, f"groups = {groups}: the policy's max_moves is not supported with groups")
     plan = planner(
         predicted, gpus=world_size, slots_per_gpu=slots_per_rank, nodes=nodes, current=current,
-        max_moves=policy.max_moves, search=policy.search,
+        max_moves=policy.max_moves, search=policy.search, groups=groups or None,
     )
     steps = np.asarray(predicted, dtype=np.float64)[None] if window is None else window
     before = routed_balancedness(steps, current, gpus=world_size).mean(axis=0)

@@ -66,6 +66,9 @@ class Controller(ReconcileLoop):
             return None
         geo = placement.geometry
         world, slots, nodes = geo.ranks, geo.slots_per_rank, geo.nodes
+        groups = job.get("groups")
+        if groups and job.get("ranks_per_node"):  # the spec's nodes (ingest checked that they divide the ranks and the groups)
+            nodes = world // job["ranks_per_node"]
         now = self.clock()
         # plan rows without their [L, G*S] placement (3.8 MB at 58x8192) on every tick
         running = P.latest_plan(self.engine, job_id, (Status.APPLIED,), with_placement=False)
@@ -99,6 +102,7 @@ class Controller(ReconcileLoop):
             recent_balancedness=recent, predicted=ema(loads), current=current, world_size=world,
             slots_per_rank=slots, nodes=nodes, step_time_s=step_time, now=now,
             last_plan_at=last[0]["created_at"] if last else None, policy=policy, window=loads,
+            groups=groups,
         )
         self.decisions[job_id] = f"{decision.action}: {decision.reason}"
         if decision.action != Action.REBALANCE:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moeplane.controlplane.balancing.groups import check_groups
 from moeplane.controlplane.store.records import (
     DeviceRecord,
     HelloRecord,
@@ -60,13 +61,16 @@ def hello_record(msg: pb.Hello, ts: float) -> HelloRecord:
         j = msg.job
         if j.job_id != job_id:
             raise WireError("hello.job.job_id", f"{j.job_id!r} differs from hello.job_id {job_id!r}")
-        for name in ("layers", "experts", "top_k", "world_size", "slots_per_rank", "ranks_per_node"):
+        for name in ("layers", "experts", "top_k", "world_size", "slots_per_rank", "ranks_per_node",
+                     "groups"):
             v = getattr(j, name)
             if v < 0 or v > MAX_DIM:
                 raise WireError(f"hello.job.{name}", f"must be in 0..{MAX_DIM}, got {v}")
+        if j.groups:
+            _check_groups(j)
         job = JobRecord(
             job_id, j.layers or None, j.experts or None, j.top_k or None, j.world_size or None,
-            j.slots_per_rank or None, j.ranks_per_node or None,
+            j.slots_per_rank or None, j.ranks_per_node or None, j.groups or None,
         )
     if any(r < 0 for r in msg.ranks):
         raise WireError("hello.ranks", "ranks must not be negative")
@@ -80,6 +84,27 @@ def hello_record(msg: pb.Hello, ts: float) -> HelloRecord:
         job=job,
         ts=ts,
     )
+
+
+def _check_groups(j: pb.JobSpec) -> None:
+    """``job.groups`` = K needs the job's shape to keep each group on one node, as EPLB's
+    hierarchical policy does: K divides E, the nodes (``world_size / ranks_per_node``) divide
+    K, and a node's slots (``ranks_per_node x S``, S as the job's geometry takes it) hold its
+    ``E / N`` experts. WireError naming ``hello.job.groups`` otherwise."""
+    missing = [n for n in ("experts", "world_size", "ranks_per_node") if not getattr(j, n)]
+    if missing:
+        raise WireError("hello.job.groups", f"groups = {j.groups} needs hello.job."
+                        f"{', hello.job.'.join(missing)} (the nodes each group is kept on)")
+    if j.world_size % j.ranks_per_node:
+        raise WireError("hello.job.groups", f"groups = {j.groups}: ranks_per_node = "
+                        f"{j.ranks_per_node} does not divide world_size = {j.world_size}")
+    slots = j.slots_per_rank
+    if slots * j.world_size < j.experts:  # as the job's geometry: S too small -> ceil(E / G)
+        slots = -(-j.experts // j.world_size)
+    try:
+        check_groups(j.groups, j.experts, j.world_size, slots, j.world_size // j.ranks_per_node)
+    except ValueError as exc:
+        raise WireError("hello.job.groups", str(exc)) from None
 
 
 Layout = tuple[tuple[str, ...], tuple[str, ...]]  # (device_ids, metrics) of a frame

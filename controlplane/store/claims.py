@@ -19,7 +19,8 @@ from moeplane.controlplane.store import bulk
 from moeplane.controlplane.store import tables as t
 from moeplane.controlplane.store.queries import NotFound
 
-SPEC_FIELDS = ("layers", "experts", "top_k", "world_size", "slots_per_rank", "ranks_per_node")
+SPEC_FIELDS = ("layers", "experts", "top_k", "world_size", "slots_per_rank", "ranks_per_node",
+               "groups")
 
 
 class SpecConflict(ValueError):

@@ -31,6 +31,7 @@ class JobRecord:
     world_size: int | None = None
     slots_per_rank: int | None = None
     ranks_per_node: int | None = None
+    groups: int | None = None  # K expert groups, each kept on one node (group-limited routing)
 
 
 @dataclass(frozen=True)
