@@ -21,8 +21,9 @@ Everything a training job uses is imported from here; the modules behind it may 
   (activation swap, recomputation, optimizer-state offload) and reports what they saved.
 - :func:`attach_rl`, :func:`phase`, :func:`policy_version`, :func:`consumed_batch`,
   :func:`weight_sync`, :class:`PhaseRecorder` — RL post-training phase spans, policy versions
-  and batch staleness, sent through the reporter (``attach_rl(reporter.send_report, ...)``).
-  They need no torch: ``moeplane.agents.sdk.rl`` imports without it.
+  and batch staleness, sent through the reporter (``attach_rl(reporter.send_report, ...)``);
+  with ``attach_rl(..., watch=attach(model))`` an MoE policy's expert loads by phase too
+  (rollout beside training). They need no torch: ``moeplane.agents.sdk.rl`` imports without it.
 """
 
 from moeplane.agents.sdk.adapters.watch import Watch, WatchError, attach

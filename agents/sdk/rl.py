@@ -15,6 +15,23 @@
             sync_weights()
         policy_version(v + 1)
 
+Expert loads by phase (an MoE policy): give the recorder a watch of the model
+(``watch = moeplane.torch.attach(model)``, not bound to a reporter) and every ``with phase(...)``
+block's expert loads are taken from it at the block's start and end and sent as ``PhaseLoads``
+(rollout's routing beside training's)::
+
+    watch = attach(model)
+    attach_rl(reporter.send_report, job_id="grpo-1", rank=rank, role="hybrid", watch=watch)
+    with phase("generate", step=step):       # loads counted in here: "generate" of this step
+        responses = model.generate(prompts)
+
+What the model routes outside any phase block is dropped (taken at the next block's start); a
+block inside another one credits what was counted before it to the outer one. A step's loads
+per phase are summed (a phase may run in several blocks) and sent once the rank enters a later
+step (``phase(..., step=s)``), or on :meth:`PhaseRecorder.flush` with ``final=True`` and
+:func:`detach_rl`: the control plane stores one row per (rank, step, phase). Each block's start
+and end cost one ``Watch.take`` (a host copy of ``[L, E]``, which waits for the device).
+
 A :class:`PhaseRecorder` keeps spans in memory and hands an ``RLReport`` to ``send`` (e.g.
 :meth:`moeplane.agents.sdk.reporter.Reporter.send_report`, an append to its bounded queue that
 its sender thread writes on the node-agent stream) every ``flush_spans`` spans or
@@ -34,7 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moeplane.agents.rlreport import rl_report
+from moeplane.agents.rlreport import phase_loads, rl_report
 from moeplane.controlplane.rl.phases import PHASE_CODE, ROLE_CODE, Spans
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 
@@ -55,11 +72,14 @@ class PhaseRecorder:
         job_id, rank, role: who records (role: one of ``phases.ROLES``).
         flush_spans, flush_interval_s: flush after this many spans or seconds.
         clock: unix seconds.
+        watch: an object whose ``take()`` returns the expert loads ``[L, E]`` (integers >= 0)
+            counted since its last call, e.g. ``moeplane.torch.attach(model)``; each phase
+            block's loads are then sent too (see the module docstring). None: spans only.
     """
 
     def __init__(self, send: Callable[[pb.RLReport], object], *, job_id: str, rank: int,
                  role: str = "hybrid", flush_spans: int = 256, flush_interval_s: float = 1.0,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, watch=None):
         if role not in ROLE_CODE:
             raise ValueError(f"role: {role!r} is not one of {', '.join(ROLE_CODE)}")
         if rank < 0:
@@ -71,6 +91,9 @@ class PhaseRecorder:
         self._rows: list[tuple] = []  # (step, version, phase, start, end, tokens)
         self._syncs: list[pb.WeightSync] = []
         self._batches: list[pb.ConsumedBatch] = []
+        self.watch = watch
+        self._loads: dict[tuple[int, str], tuple[np.ndarray, float]] = {}  # (step, phase) -> ([L, E], end)
+        self._open: list[tuple[int, str]] = []  # (step, phase) of the open blocks, innermost last
         self._lock = threading.Lock()
         self._last_flush = clock()
         self.sent_reports = 0
@@ -90,11 +113,33 @@ class PhaseRecorder:
             raise ValueError(f"phase: {name!r} is not one of {', '.join(PHASE_CODE)}")
         if step is not None:
             self.step = int(step)
+        key = (self.step, name)
+        if self.watch is not None:
+            self._count_loads(None)  # what was routed before the block: the outer block's, or dropped
+            self._open.append(key)
         span, start = Span(tokens), self.clock()
         try:
             yield span
         finally:
-            self.add_span(name, start, self.clock(), step=self.step, tokens=span.tokens)
+            end = self.clock()
+            if self.watch is not None:
+                self._open.pop()
+                self._count_loads(key, end)
+            self.add_span(name, start, end, step=key[0], tokens=span.tokens)
+
+    def _count_loads(self, key: tuple[int, str] | None, end: float | None = None) -> None:
+        """Take the watch's loads and add them to ``key``'s (None: the innermost open block's,
+        or dropped when none is open)."""
+        counts = np.asarray(self.watch.take())
+        key = key if key is not None else (self._open[-1] if self._open else None)
+        if key is None or not counts.any():
+            return
+        ts = self.clock() if end is None else end
+        with self._lock:
+            prev = self._loads.get(key)
+            if prev is not None:
+                counts, ts = counts + prev[0], max(ts, prev[1])
+            self._loads[key] = (counts.astype(np.int64), ts)
 
     def add_span(self, name: str, start: float, end: float, *, step: int, tokens: int = 0,
                  version: int | None = None) -> None:
@@ -126,20 +171,25 @@ class PhaseRecorder:
                 lag_max=int(lag.max()) if lag.size else 0, bound=bound, dropped=dropped, partial=partial,
                 timestamp=self.clock()))
 
-    def flush(self) -> None:
-        """Hand what is recorded to ``send`` as one RLReport (nothing when empty)."""
+    def flush(self, final: bool = False) -> None:
+        """Hand what is recorded to ``send`` as one RLReport (nothing when empty): the spans,
+        syncs and batches, and the phase loads of the steps before the current one (``final``:
+        of every step)."""
         with self._lock:
             rows, syncs, batches = self._rows, self._syncs, self._batches
             self._rows, self._syncs, self._batches = [], [], []
+            done = [k for k in self._loads if final or (k[0] < self.step and k not in self._open)]
+            loads = [phase_loads(step, self.rank, name, *self._loads.pop((step, name)))
+                     for step, name in sorted(done)]
             self._last_flush = self.clock()
-        if not (rows or syncs or batches):
+        if not (rows or syncs or batches or loads):
             return
         spans = None
         if rows:
             step, version, phase, start, end, tokens = zip(*rows, strict=True)
             n = len(rows)
             spans = Spans.build(step, [self.rank] * n, version, phase, [self.role] * n, start, end, tokens)
-        self.send(rl_report(self.job_id, spans, syncs, batches))
+        self.send(rl_report(self.job_id, spans, syncs, batches, loads))
         self.sent_reports += 1
 
 
@@ -154,10 +204,10 @@ def attach_rl(send: Callable[[pb.RLReport], object], **kwargs) -> PhaseRecorder:
 
 
 def detach_rl() -> None:
-    """Flush and remove the installed recorder."""
+    """Flush (every step's phase loads too) and remove the installed recorder."""
     global _recorder
     if _recorder is not None:
-        _recorder.flush()
+        _recorder.flush(final=True)
     _recorder = None
 
 
