@@ -18,8 +18,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 $(VENV)/.torch: $(STAMP)
 	$(PIP) install -q 'torch==2.13.0'
 	@# frameworks moeplane.torch.attach is tested against (pins: pyproject.toml extras); torch is
-	@# already satisfied, so pip keeps it. Not titan: torchtitan's MoE imports triton (~1 GB)
+	@# already satisfied, so pip keeps it
 	$(PIP) install -q -e '.[hf,deepspeed,megatron]'  # transformers: HF adapters and expert parallelism
+	@# torchtitan for tests/adapters/test_torchtitan.py: the titan extra's pins, --no-deps, in an
+	@# overlay put on PYTHONPATH by that test only (its triton, ~0.9 GB, from the local index)
+	rm -rf $(VENV)/titan
+	$(PIP) install -q --no-deps --target $(VENV)/titan $$($(BIN)/python -c 'import tomllib; \
+		print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["titan"])')
 	@# transformers 4.x for tests/adapters/test_transformers4.py, an overlay put on PYTHONPATH
 	rm -rf $(VENV)/transformers4
 	$(PIP) install -q --no-deps --target $(VENV)/transformers4 'transformers==4.57.3' \

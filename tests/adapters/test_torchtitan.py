@@ -1,8 +1,13 @@
 """torchtitan 0.3.0's MoE (aux-loss-free load balancing) on CPU: exact counts, and its
-expert-bias update is the same with the adapter attached (run in tests.adapters.titan_worker)."""
+expert-bias update is the same with the adapter attached (run in tests.adapters.titan_worker).
+
+torchtitan comes from the ``titan`` extra: ``make torch`` installs its pins into the overlay
+``.venv/titan``, put on the worker's PYTHONPATH only (triton stays out of the main venv, where
+DeepSpeed would use it on a GPU); an environment with the extra installed works too."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -13,15 +18,19 @@ import torch
 
 from moeplane.controlplane.procs import free_port
 
-pytest.importorskip("torchtitan.models.common.moe")  # the titan extra; make test skips it (README)
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
+OVERLAY = Path(sys.prefix) / "titan"  # make torch: pip install --no-deps --target .venv/titan
+if not (OVERLAY / "torchtitan").is_dir() and importlib.util.find_spec("torchtitan") is None:
+    pytest.skip(f"no torchtitan: neither the overlay {OVERLAY} (make torch installs it) nor the "
+                "titan extra", allow_module_level=True)
 E, K, LAYERS = 8, 2, 3
 
 
 def test_counts_are_exact_and_the_expert_bias_update_is_unchanged(tmp_path):
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
-               LOCAL_RANK="0", WORLD_SIZE="1", OMP_NUM_THREADS="1")
+               LOCAL_RANK="0", WORLD_SIZE="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(str(p) for p in (OVERLAY, ROOT) if p.is_dir()))
     out = tmp_path / "titan.pt"
     run = subprocess.run([sys.executable, "-m", "tests.adapters.titan_worker", str(out)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
