@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 
 from moeplane.controlplane.rl import idle
 from moeplane.controlplane.store import rl as store_rl
+from moeplane.dashboard import rl_loads
 from moeplane.dashboard import rl_views as V
 
 STEPS = 20
@@ -31,10 +32,12 @@ def page(interval_ms: int) -> html.Div:
         dcc.Graph(id="rl-heatmap", config={"displaylogo": False}),
         html.Div([html.Div(dcc.Graph(id="rl-tail"), style=half), html.Div(dcc.Graph(id="rl-staleness"), style=half)]),
         dcc.Graph(id="rl-sync", config={"displaylogo": False}),
+        rl_loads.section(),  # expert loads by phase (MoE policies)
     ])
 
 
 def register(app, engine: Engine) -> None:
+    rl_loads.register(app, engine)
     @app.callback(
         *(Output(g, "figure") for g in GRAPHS),
         Output("rl-summary", "children"),
