@@ -1,7 +1,7 @@
 """``moeplane replay``: what would the controller have done on this trace (or this job)?
 
     moeplane replay (--trace TRACE.npy | --job JOB [--database-url URL])
-                    --gpus G --slots-per-gpu S [--nodes N] [--expert-bytes B]
+                    --gpus G --slots-per-gpu S [--nodes N] [--groups K] [--expert-bytes B]
                     [--bandwidth INTRA,CROSS] [--warmup W] [--report R.json]
 
 TRACE.npy: ``[steps, layers, experts]`` tokens (integer or float, >= 0); ``--job`` reads the
@@ -10,7 +10,10 @@ the replayed job's clock (``moeplane.controlplane.controller.replay``) beside EP
 every 10 and every 50 steps, EPLB's plan tuned once, and the per-step oracle, all in the same
 run; prints one line per policy and writes the report (time per step, stall, plans, moves,
 expert time of every step, speed-ups). ``--bandwidth``: bytes/s per rank within a node and
-across nodes. Bad input: exit status 2 and one line on stderr naming what is wrong.
+across nodes. ``--groups K``: experts ``g*E/K .. (g+1)*E/K-1`` form group g and every
+replica of a group stays on one node (EPLB is then its hierarchical policy); with ``--job``
+the default is the job's own ``groups``. Bad input: exit status 2 and one line on stderr
+naming what is wrong.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ def register(subparsers) -> None:
     p.add_argument("--gpus", required=True, type=int, help="expert-parallel GPUs G")
     p.add_argument("--slots-per-gpu", required=True, type=int, help="expert slots S per GPU")
     p.add_argument("--nodes", type=int, default=1, help="nodes the GPUs span (default 1)")
+    p.add_argument("--groups", type=int,
+                   help="expert groups K, each kept on one node (default: none, or the job's)")
     p.add_argument("--expert-bytes", type=int, help="bytes per expert copy (default: policy's)")
     p.add_argument("--bandwidth", help="INTRA,CROSS bytes/s per rank (default: policy's)")
     p.add_argument("--warmup", type=int, default=20, help="steps before the replay (default 20)")
@@ -72,6 +77,7 @@ def _job_trace(args):
     engine = make_engine(settings_from(args).database_url)
     rows, step = [], 0
     try:
+        groups = q.get_job(engine, args.job).get("groups")
         while True:
             page = q.loads_history(engine, args.job, q.Range(step_start=step, limit=q.MAX_LIMIT))
             rows += page
@@ -84,7 +90,22 @@ def _job_trace(args):
         engine.dispose()
     if not rows:
         raise _BadInput(f"--job: job {args.job!r} has no stored loads")
-    return np.stack([r["counts"] for r in rows])
+    return np.stack([r["counts"] for r in rows]), groups
+
+
+def check_groups(groups, experts: int, gpus: int, slots_per_gpu: int, nodes: int):
+    """``groups`` (None or K >= 1) that fit the trace and the GPUs, or ``_BadInput``."""
+    from moeplane.controlplane.balancing.groups import check_groups as fits
+
+    if groups is None:
+        return None
+    if groups < 1:
+        raise _BadInput(f"--groups: must be >= 1, got {groups}")
+    try:
+        fits(groups, experts, gpus, slots_per_gpu, nodes)
+    except ValueError as exc:
+        raise _BadInput(f"--groups: {exc}") from None
+    return groups
 
 
 def check_trace(trace, gpus: int, slots_per_gpu: int, nodes: int, warmup: int):
@@ -141,14 +162,16 @@ def run(args: argparse.Namespace) -> int:
     from moeplane.controlplane.controller.replay import replay_trace
 
     try:
-        raw = _trace_file(args.trace) if args.trace else _job_trace(args)
+        raw, groups = (_trace_file(args.trace), None) if args.trace else _job_trace(args)
         trace = check_trace(raw, args.gpus, args.slots_per_gpu, args.nodes, args.warmup)
+        groups = check_groups(args.groups if args.groups is not None else groups,
+                              trace.shape[2], args.gpus, args.slots_per_gpu, args.nodes)
         policy = _policy(args)
     except _BadInput as exc:
         print(f"moeplane replay: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     report = replay_trace(trace, gpus=args.gpus, slots_per_gpu=args.slots_per_gpu,
-                          nodes=args.nodes, policy=policy, warmup=args.warmup)
+                          nodes=args.nodes, policy=policy, warmup=args.warmup, groups=groups)
     for name, r in report["policies"].items():
         print(f"{name:>10}: {r['total_s_per_step']:.4f} s/step (expert {r['expert_s_per_step']:.4f}"
               f", stall {r['stall_s_per_step']:.4f}), {r['plans']} plans, {r['moves']} moves")

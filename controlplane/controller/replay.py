@@ -13,6 +13,10 @@ no I/O).
   EPLB does);
 - ``oracle``: a fresh plan of every step's own loads, routed, moves free: a bound.
 
+With ``groups`` = K (the job's expert groups, each kept on one node), the controller plans
+with ``groups``, EPLB is its hierarchical policy (``groups.eplb_hierarchical``) and the oracle
+a fresh grouped plan.
+
 Cost model (the planner benchmark's): a step's expert time is, summed over layers, the most
 loaded GPU's tokens x ``seconds_per_token``; a new placement stalls the job for
 ``migration_stall_s`` (the busiest destination rank's copies x ``expert_bytes`` over the
@@ -29,8 +33,10 @@ from moeplane.controlplane.balancing import (
     eplb_greedy,
     fresh_placement,
     gpu_loads,
+    plan_placement,
     routed_balancedness,
 )
+from moeplane.controlplane.balancing.groups import eplb_hierarchical
 from moeplane.controlplane.balancing.routing import route_with, routing_table
 from moeplane.controlplane.balancing.transfers import plan_transfers
 from moeplane.controlplane.controller.decide import Action, decide, ema, migration_stall_s
@@ -85,19 +91,32 @@ def replay_trace(
     policy: RebalancePolicy | None = None,
     warmup: int = 20,
     seconds_per_token: float = SECONDS_PER_TOKEN,
+    groups: int | None = None,
 ) -> dict:
     """Replay every policy on ``trace [T, L, E]`` (tokens per step, layer and expert; T >
     ``warmup`` >= 1). Returns ``{"steps", "policies": {name: PolicyRun.summary()},
     "speedup": {"vs_best_eplb", "vs_once"}}`` (speed-up: the baseline's total time per step
-    over the controller's)."""
+    over the controller's). ``groups``: K expert groups, each kept on one node (None: none)."""
     policy = policy or RebalancePolicy()
     trace = np.asarray(trace, dtype=np.float64)
     steps, layers, experts = trace.shape
     spg = slots_per_gpu
     window = policy.window_steps
-    start = eplb_greedy(trace[:warmup].mean(axis=0), gpus, spg)
+
+    def eplb(loads):
+        if groups:
+            return eplb_hierarchical(loads, gpus, spg, nodes, groups)
+        return eplb_greedy(loads, gpus, spg)
+
+    def oracle(loads):
+        if groups:
+            return plan_placement(loads, gpus=gpus, slots_per_gpu=spg, nodes=nodes,
+                                  groups=groups).phy2log
+        return fresh_placement(loads, gpus, spg)
+
+    start = eplb(trace[:warmup].mean(axis=0))
     runs = {name: PolicyRun() for name in ("controller", "once", "eplb@10", "eplb@50", "oracle")}
-    eplb = {"once": start, "eplb@10": start, "eplb@50": start}
+    held = {"once": start, "eplb@10": start, "eplb@50": start}
     cur, last_plan_at, now = start, None, 0.0
     table = routing_table(start, gpus=gpus, num_experts=experts)
     measured: dict[int, float] = {}  # step -> its routed balancedness under ``cur``
@@ -105,14 +124,14 @@ def replay_trace(
         lo = max(0, t - window)
         for name, period in (("eplb@10", 10), ("eplb@50", 50)):
             if (t - warmup) % period == 0 and t > warmup:
-                new = eplb_greedy(trace[lo:t].mean(axis=0), gpus, spg)
-                stall, moves = _stall(eplb[name], new, gpus, spg, nodes, policy)
+                new = eplb(trace[lo:t].mean(axis=0))
+                stall, moves = _stall(held[name], new, gpus, spg, nodes, policy)
                 runs[name].stall_s += stall
                 runs[name].moves += moves
                 runs[name].plans += 1
-                eplb[name] = new
-        for name in eplb:
-            peak = gpu_loads(trace[t], eplb[name], gpus).max(axis=1)
+                held[name] = new
+        for name in held:
+            peak = gpu_loads(trace[t], held[name], gpus).max(axis=1)
             runs[name].expert_s.append(float(peak.sum()) * seconds_per_token)
         # the controller: decide on the steps before t, adopt at t
         past = trace[lo:t]
@@ -125,7 +144,7 @@ def replay_trace(
         decision = decide(
             recent_balancedness=bal, predicted=ema(past), current=cur, world_size=gpus,
             slots_per_rank=spg, nodes=nodes, step_time_s=step_time, now=now,
-            last_plan_at=last_plan_at, policy=policy, window=past,
+            last_plan_at=last_plan_at, policy=policy, window=past, groups=groups,
         )
         run = runs["controller"]
         if decision.action == Action.REBALANCE:
@@ -139,7 +158,7 @@ def replay_trace(
         expert_s = float(_routed_peak(trace[t], table).sum()) * seconds_per_token
         run.expert_s.append(expert_s)
         now += expert_s / policy.moe_time_fraction
-        best = fresh_placement(trace[t], gpus, spg)
+        best = oracle(trace[t])
         runs["oracle"].expert_s.append(
             float(_routed_peak(trace[t], routing_table(best, gpus=gpus, num_experts=experts))
                   .sum()) * seconds_per_token)
@@ -150,6 +169,7 @@ def replay_trace(
         "steps": steps - warmup,
         "layers": layers,
         "experts": experts,
+        "groups": groups,
         "policies": out,
         "speedup": {
             "vs_best_eplb": best_eplb / ours,

@@ -56,6 +56,24 @@ def test_replays_every_policy_on_a_trace(tmp_path):
     assert "the better EPLB cadence" in res.stdout
 
 
+def test_replay_with_groups_keeps_them_and_pays_for_it(tmp_path):
+    trace = np.rint(drifting_trace(30, 2, 16, tokens_per_layer=8000, seed=3, drift=0.05))
+    path = save(tmp_path, trace.astype(np.int64))
+    reports = {}
+    for extra in ((), ("--groups", 4)):
+        reports[extra] = tmp_path / f"r{len(extra)}.json"
+        res = run_replay("--trace", path, "--gpus", 4, "--slots-per-gpu", 5, "--nodes", 2,
+                         "--report", reports[extra], *extra)
+        assert res.returncode == 0, res.stderr
+    free, grouped = (json.loads(r.read_text()) for r in reports.values())
+    assert free["groups"] is None and grouped["groups"] == 4
+    # every group held on one node (2 nodes, 16 experts in 4 groups) costs the oracle and
+    # EPLB (hierarchical) balance on this trace: the groups were kept
+    for name in ("oracle", "once"):
+        assert grouped["policies"][name]["expert_s_per_step"] > \
+            free["policies"][name]["expert_s_per_step"] * 1.05
+
+
 @pytest.mark.parametrize(
     "arr,args,message",
     [
@@ -64,6 +82,10 @@ def test_replays_every_policy_on_a_trace(tmp_path):
         (-np.ones((30, 2, 16)), (), "--trace: loads must be non-negative"),
         (np.ones((30, 2, 16)), ("--slots-per-gpu", 3), "--gpus * --slots-per-gpu = 12 is fewer"),
         (np.ones((10, 2, 16)), (), "--trace: 10 steps, need more than --warmup 20"),
+        (np.ones((30, 2, 16)), ("--groups", 3), "--groups: groups = 3 does not divide the 16"),
+        (np.ones((30, 2, 16)), ("--groups", 1, "--nodes", 2),
+         "--groups: groups = 1 is not a multiple of nodes = 2"),
+        (np.ones((30, 2, 16)), ("--groups", 0), "--groups: must be >= 1, got 0"),
     ],
 )
 def test_bad_traces_exit_2_with_one_line(tmp_path, arr, args, message):
