@@ -1,5 +1,6 @@
 """``moeplane simulate --rl colocated`` through a real node agent process into the control plane:
-the idle analysis over REST finds the simulated generation tail."""
+the idle analysis over REST finds the simulated generation tail, and the MoE policy's expert
+loads by phase show rollout routing less evenly than training."""
 
 from __future__ import annotations
 
@@ -31,6 +32,15 @@ def test_simulated_colocated_rl_job_reaches_rest(tmp_path):
             tail = got["summary"]["idle_by_cause_s"]["generation_tail"]
             assert tail > 0 and abs(tail - sum(map(sum, got["idle"]))) < 1e-6
             assert got["summary"]["switch_share"] > 0 and len(api.get("/batches").json()) == 4
+
+            def loads():
+                r = api.get("/loads", params={"step_start": 0, "step_end": 4}).json()
+                return [p["rows"] for p in r.get("phases", [])] == [16, 16] and r
+
+            by = {p["phase"]: p for p in wait_until(loads, 60, "phase loads of 4 ranks x 4 steps",
+                                                    retry_on=(OSError, httpx.HTTPError))["phases"]}
+            assert set(by) == {"generate", "train_update"}
+            assert by["generate"]["max_over_mean_avg"] > 1.5 * by["train_update"]["max_over_mean_avg"]
         finally:
             sim.stop()
             agent.stop()
