@@ -76,7 +76,7 @@ def guide(base: str, a: argparse.Namespace, training: str) -> str:
         "           offload decisions, applied under the auto policy, predicted against measured",
         f"  History  {base}/dashboard/history  any range of steps, summed",
         f"  RL       {base}/dashboard/rl  (job {RL_JOB}) the devices' phases, idle by cause, staleness, "
-        "weight syncs",
+        "weight syncs, expert loads during rollout beside training",
         "",
         "Try the REST API (the first plan comes after about 20 s):",
         f"  curl -s {base}/api/v1/jobs",
@@ -85,6 +85,7 @@ def guide(base: str, a: argparse.Namespace, training: str) -> str:
         f"  curl -s {base}/api/v1/jobs/{JOB}/offload/decisions",
         *([] if training else [f"  curl -s {base}/api/v1/jobs/{TRAIN_JOB}/memory"]),
         f"  curl -s {base}/api/v1/jobs/{RL_JOB}/rl/idle",
+        f"  curl -s {base}/api/v1/jobs/{RL_JOB}/rl/loads",
         "Ctrl-C stops everything.",
     ])
 
