@@ -2,7 +2,7 @@
 
 Each rank's SDK sends its own reports (20-odd spans a step); the control plane's cost is mostly
 per message, so the agent holds them and sends one report per node every flush interval (or
-sooner, at ``max_spans``). Columns are concatenated; phase and role names are the union of the
+sooner, at ``max_spans`` spans or ``max_load_bytes`` of phase-load counts). Columns are concatenated; phase and role names are the union of the
 ranks' name tables (an unknown name travels on for the control plane to refuse by name).
 """
 
@@ -31,24 +31,28 @@ def _columns(spans: pb.RLSpans) -> dict[str, np.ndarray]:
 class RLRelay:
     """Pending reports of one job; ``emit(AgentMessage)`` sends the merged one."""
 
-    def __init__(self, emit: Callable[[pb.AgentMessage], object], *, max_spans: int = 8192):
+    def __init__(self, emit: Callable[[pb.AgentMessage], object], *, max_spans: int = 8192,
+                 max_load_bytes: int = 8 << 20):
         self.emit = emit
         self.max_spans = max_spans
+        self.max_load_bytes = max_load_bytes  # well under the uplink's 32 MiB message limit
         self._pending: list[tuple[pb.RLReport, dict[str, np.ndarray]]] = []
         self._spans = 0
+        self._load_bytes = 0
 
     def add(self, report: pb.RLReport) -> None:
-        """Hold ``report`` (its job_id set); flush at ``max_spans``. Raises ValueError naming a
-        malformed column (nothing of it is kept)."""
+        """Hold ``report`` (its job_id set); flush at ``max_spans`` or ``max_load_bytes``.
+        Raises ValueError naming a malformed column (nothing of it is kept)."""
         cols = _columns(report.spans)
         self._pending.append((report, cols))
         self._spans += len(cols.get("step", ()))
-        if self._spans >= self.max_spans:
+        self._load_bytes += sum(len(p.counts.data) for p in report.phase_loads)
+        if self._spans >= self.max_spans or self._load_bytes >= self.max_load_bytes:
             self.flush()
 
     def flush(self) -> int | None:
         """Send what is pending as one report per job; returns the seq of the last (None: none)."""
-        pending, self._pending, self._spans = self._pending, [], 0
+        pending, self._pending, self._spans, self._load_bytes = self._pending, [], 0, 0
         seq = None
         for job in dict.fromkeys(r.job_id for r, _ in pending):
             seq = self.emit(pb.AgentMessage(rl=merge([(r, c) for r, c in pending if r.job_id == job])))

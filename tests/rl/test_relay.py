@@ -66,3 +66,9 @@ def test_phase_loads_of_ranks_travel_in_the_merged_report():
     assert [(p.rank, p.phase, p.step) for p in merged] == [(0, "generate", 7), (1, "generate", 7)]
     for p in merged:
         assert np.array_equal(decode_array(p.counts, "c", kinds="iu"), counts[p.rank])
+    # a report's worth of counts past max_load_bytes goes at once
+    small = RLRelay(sent.append, max_load_bytes=2 * 12 * 4)
+    small.add(rl_report("job", loads=[phase_loads(8, 0, "generate", counts[0], 1.0)]))
+    assert len(sent) == 1
+    small.add(rl_report("job", loads=[phase_loads(8, 1, "generate", counts[1], 1.0)]))
+    assert len(sent) == 2 and [p.rank for p in sent[1].rl.phase_loads] == [0, 1]
