@@ -17,6 +17,7 @@ from sqlalchemy.engine import Engine
 
 from moeplane.controlplane.rl.loads import summarize
 from moeplane.controlplane.store import rl_loads
+from moeplane.dashboard.rl_views import PHASE_COLORS
 
 STEPS = 20
 MAX_PANELS = 4  # phases drawn side by side (generate and train_update first)
@@ -67,7 +68,7 @@ def balance_figure(phases: list[dict]) -> go.Figure:
     fig = go.Figure()
     for p in _ordered(phases):
         m = np.asarray(p["max_over_mean"])
-        fig.add_bar(x=[f"layer {k}" for k in range(m.size)], y=m.tolist(),
+        fig.add_bar(x=[f"layer {k}" for k in range(m.size)], y=m.tolist(), marker_color=PHASE_COLORS[p["phase"]],
                     name=f"{p['phase']} (mean {p['max_over_mean_avg']:.2f})")
     fig.add_hline(y=1.0, line_dash="dot", line_color="#999")
     fig.update_layout(title="expert imbalance per layer (max / mean expert load) by phase", barmode="group",
