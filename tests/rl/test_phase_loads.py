@@ -136,3 +136,19 @@ def test_bad_phase_loads_are_refused_by_name_and_the_rest_stored(tmp_path):
         # the good row (sent nine times) is stored once; no bad row (all of step 1) is stored
         assert sums.rows.tolist() == [1] and sums.steps.tolist() == [1]
         assert np.array_equal(sums.counts[0], _counts(0, 1))
+
+
+def test_phase_loads_read_needs_a_viewer_token(tmp_path):
+    from moeplane.controlplane.auth.tokens import Role, TokenStore
+    from tests.auth.streams import first_reply
+
+    with running_server(f"sqlite:///{tmp_path / 'a.sqlite'}", auth=True) as srv:
+        tokens = TokenStore(srv["engine"])
+        node = tokens.create(Role.NODE, node_id="node-0").secret
+        assert aio.run(first_reply(srv["grpc_port"], "node-0", node))[0] == "ok"  # job-1 exists
+        url = f"http://127.0.0.1:{srv['http_port']}/api/v1/jobs/job-1/rl/loads"
+        assert httpx.get(url).status_code == 401
+        assert httpx.get(url, headers={"Authorization": f"Bearer {node}"}).status_code == 403
+        viewer = tokens.create(Role.VIEWER).secret
+        r = httpx.get(url, headers={"Authorization": f"Bearer {viewer}"})
+        assert r.status_code == 200 and r.json()["phases"] == []
