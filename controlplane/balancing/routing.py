@@ -34,11 +34,18 @@ node, then anywhere; every rank derives the same assignment from the same all-ga
 
 ``routing_table`` holds the part that depends only on the placement (computed once per plan;
 the SDK keeps it on the device); ``route_with`` applies it to one step's loads.
+``route_replicas`` keeps the tables of the last ``CACHED_TABLES`` placements it was given,
+keyed by a digest of the placement's bytes (and G, E): a job calls it step after step with the
+placement of one plan, and builds that plan's table once. A table is immutable (its arrays are
+read-only), so a cached one answers exactly as a new one would.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,6 +67,7 @@ ITERATIONS = 28  # water-filling rounds (the benchmark: within 1 % of the LP opt
 MOMENTUM = 0.7  # share of the last change added before each round
 FAR = 1e30  # load of the padding GPU: never below a water level, never filled
 TINY = 1e-300  # divides an expert without tokens (its shares are all 0)
+CACHED_TABLES = 8  # placements whose routing table ``route_replicas`` keeps
 
 
 @dataclass(frozen=True, eq=False)
@@ -306,8 +314,46 @@ def route_replicas(
             f"phy2log must have shape [layers, gpus*slots] with {arr.shape[0]} layers "
             f"(as loads), got shape {p2l.shape}"
         )
-    table = routing_table(p2l, gpus=gpus, num_experts=arr.shape[1])
+    table = _cached_table(p2l, gpus, arr.shape[1])
     return route_with(table, arr, iterations=iterations)
+
+
+class _TableCache:
+    """The routing tables of the last ``size`` placements, keyed by (G, E, shape, dtype,
+    blake2b of the bytes). Thread-safe; a table is built outside the lock."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._lock = threading.Lock()
+        self._tables: OrderedDict[tuple, RoutingTable] = OrderedDict()
+
+    def get(self, p2l: np.ndarray, gpus: int, num_experts: int) -> RoutingTable:
+        data = np.ascontiguousarray(p2l)
+        key = (gpus, num_experts, data.shape, data.dtype.str,
+               hashlib.blake2b(data.view(np.uint8), digest_size=16).digest())
+        with self._lock:
+            table = self._tables.get(key)
+            if table is not None:
+                self._tables.move_to_end(key)
+                return table
+        table = routing_table(data, gpus=gpus, num_experts=num_experts)
+        for value in vars(table).values():
+            if isinstance(value, np.ndarray):
+                value.setflags(write=False)
+        with self._lock:
+            self._tables[key] = table
+            while len(self._tables) > self.size:
+                self._tables.popitem(last=False)
+        return table
+
+
+_TABLES = _TableCache(CACHED_TABLES)
+
+
+def _cached_table(p2l: np.ndarray, gpus: int, num_experts: int) -> RoutingTable:
+    """``routing_table(p2l, gpus=gpus, num_experts=num_experts)``, built once per placement
+    among the last ``CACHED_TABLES``; raises as it does."""
+    return _TABLES.get(p2l, gpus, num_experts)
 
 
 def routed_gpu_loads(slot_tokens: np.ndarray, gpus: int) -> np.ndarray:

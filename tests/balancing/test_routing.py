@@ -115,6 +115,24 @@ def test_the_table_is_reusable_and_the_result_deterministic():
         np.testing.assert_array_equal(route_with(table, loads), route_replicas(loads, p, gpus=4))
 
 
+def test_the_cached_table_follows_the_placement_not_the_array():
+    """``route_replicas`` keeps tables by the placement's contents: the same array changed in
+    place, or another GPU count, gets its own table; a changed-back one its cached one."""
+    rng = np.random.default_rng(4)
+    p = _random_placement(rng, 3, 16, 4, 6)
+    loads = rng.integers(0, 900, size=(3, 16))
+    first = route_replicas(loads, p, gpus=4)
+    np.testing.assert_array_equal(first, route_with(routing_table(p, gpus=4, num_experts=16), loads))
+    p[:, [0, -1]] = p[:, [-1, 0]]  # the same array, another placement (a slot of GPU 0 and 3)
+    moved = route_replicas(loads, p, gpus=4)
+    assert (moved != first).any()
+    np.testing.assert_array_equal(moved, route_with(routing_table(p, gpus=4, num_experts=16), loads))
+    np.testing.assert_array_equal(route_replicas(loads, p, gpus=2),
+                                  route_with(routing_table(p, gpus=2, num_experts=16), loads))
+    p[:, [0, -1]] = p[:, [-1, 0]]
+    np.testing.assert_array_equal(route_replicas(loads, p, gpus=4), first)
+
+
 @pytest.mark.parametrize(
     "loads,phy2log,gpus,match",
     [
