@@ -18,7 +18,6 @@ from moeplane.controlplane.api.rl import RESPONSES, StepEnd, StepStart, step_ran
 from moeplane.controlplane.api.routes import JobId
 from moeplane.controlplane.rl.loads import summarize
 from moeplane.controlplane.store import rl_loads
-from moeplane.controlplane.store.queries import require_job
 
 router = APIRouter(prefix="/api/v1/jobs/{job_id}/rl", tags=["rl"])
 
@@ -50,12 +49,11 @@ class RLLoadsOut(BaseModel):
 
 def read(engine, job_id: str, step_start: int | None, step_end: int | None) -> dict:
     """The response body (see :class:`RLLoadsOut`)."""
-    if step_start is None and step_end is None:
-        require_job(engine, job_id)
+    if step_start is None and step_end is None:  # the newest steps with phase loads
         newest = rl_loads.latest_step(engine, job_id)
         if newest is not None:
             step_end = int(newest) + 1
-    lo, hi = step_range(engine, job_id, step_start, step_end)
+    lo, hi = step_range(engine, job_id, step_start, step_end)  # 404 for an unknown job
     sums = rl_loads.sum_by_phase(engine, job_id, lo, hi)
     phases = summarize(sums.phases, sums.counts)
     layers, experts = sums.counts.shape[1:] if len(phases) else (0, 0)
