@@ -24,11 +24,17 @@ from moeplane.controlplane.balancing.routing import route_with, routing_table
 from moeplane.controlplane.balancing.validate import check_count
 
 __all__ = [
+    "AHEAD_STEPS",
+    "APPLY_LAG_STEPS",
     "FORECASTERS",
+    "MEASURE_STEPS",
     "choose_forecaster",
+    "drift_and_noise",
     "ema_forecast",
+    "expected_balancedness",
     "forecast",
     "holt_forecast",
+    "measured_steps",
     "one_step_ahead_error",
     "routed_balancedness",
     "window_forecast",
@@ -211,3 +217,116 @@ def routed_balancedness(window: np.ndarray, phy2log: np.ndarray, *, gpus: int) -
     slot_tokens = route_with(table, tokens)
     per_gpu = slot_tokens.reshape(steps * layers, gpus, -1).sum(axis=2).astype(np.float64)
     return layer_balancedness(per_gpu).reshape(steps, layers)
+
+
+# a plan's measured balancedness: the mean over (up to) this many steps after the one the job
+# applied it at (``controller.runner``)
+MEASURE_STEPS = 10
+# a plan decided on the loads of steps <= t reaches the job while it runs step t + 1 (t's loads
+# arrive when t has ended) and is applied at the start of step t + 2
+APPLY_LAG_STEPS = 2
+AHEAD_STEPS: tuple[int, ...] = tuple(range(APPLY_LAG_STEPS + 1, APPLY_LAG_STEPS + 1 + MEASURE_STEPS))
+
+
+def measured_steps(min_interval_s: float, step_time_s: float) -> tuple[int, ...]:
+    """The steps, counted after the last one seen, that a plan decided now is measured on:
+    from the one after it is applied to the last before the next plan can take its place
+    (``min_interval_s`` later, at ``step_time_s`` seconds a step), at most ``MEASURE_STEPS``."""
+    if not (step_time_s > 0 and min_interval_s >= 0):
+        raise ValueError(f"step_time_s must be > 0 and min_interval_s >= 0, got {step_time_s}, {min_interval_s}")
+    runs = int(min_interval_s // step_time_s) - 1  # steps it runs before the next is applied, less one
+    first = APPLY_LAG_STEPS + 1
+    return tuple(range(first, first + min(max(runs, 1), MEASURE_STEPS)))
+
+
+def _weights(steps: int, alpha: float) -> np.ndarray:
+    """EMA weights ``[steps]`` of ``ema_forecast``, newest first (they sum to 1)."""
+    w = alpha * (1 - alpha) ** np.arange(steps, dtype=np.float64)
+    w[-1] = (1 - alpha) ** (steps - 1)
+    return w
+
+
+def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin ||a x - b|| over x >= 0, ``a [N, K]`` with a few columns: the best of the
+    unconstrained fits on every subset of the columns whose solution is non-negative."""
+    best, best_res = np.zeros(a.shape[1]), float(b @ b)
+    for mask in range(1, 2 ** a.shape[1]):
+        cols = [k for k in range(a.shape[1]) if mask >> k & 1]
+        x, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+        if (x < 0).any():
+            continue
+        res = float(np.sum((a[:, cols] @ x - b) ** 2))
+        if res < best_res:
+            best, best_res = np.zeros(a.shape[1]), res
+            best[cols] = x
+    return best
+
+
+def drift_and_noise(window: np.ndarray) -> tuple[float, np.ndarray]:
+    """How log-loads move: ``window [T, L, E]`` -> ``(drift, noise [L, E])``.
+
+    Model: ``log(1 + x[t, l, e]) = level[t, l, e] + n[t, l, e]``; the level is a random walk
+    with per-step variance ``drift``; ``n`` is the step's own noise, of variance
+    ``noise[l, e] = c0 + c1 / (1 + mean_t x[t, l, e])`` (batch-to-batch variation, and
+    counting noise, which scales as one over the count). ``drift``, ``c0``, ``c1`` >= 0 are
+    fitted by least squares over every lag k of the window to
+    ``(y[t + k] - y[t])^2 = k * drift + 2 * noise``. With two steps (one lag) the two cannot
+    be told apart and all of it counts as drift; with one step both are 0."""
+    h = _check_history(window)
+    steps = h.shape[0]
+    inv = 1.0 / (1.0 + h.mean(axis=0))  # [L, E]
+    if steps < 2:
+        return 0.0, np.zeros_like(inv)
+    y = np.log1p(h)
+    if steps == 2:
+        return float(((y[1] - y[0]) ** 2).mean()), np.zeros_like(inv)
+    rows, targets = [], []
+    for k in range(1, steps):
+        sq = ((y[k:] - y[:-k]) ** 2).mean(axis=0)  # [L, E], over the window's pairs
+        # weight ~ pairs / variance of a lag-k square: long lags share most of their path
+        scale = np.sqrt(steps - k) / k
+        rows.append(scale * np.stack([np.full(inv.size, float(k)), np.full(inv.size, 2.0),
+                                      2.0 * inv.ravel()], axis=1))
+        targets.append(scale * sq.ravel())
+    drift, c0, c1 = _nonnegative_lstsq(np.concatenate(rows), np.concatenate(targets))
+    return float(drift), c0 + c1 * inv
+
+
+def expected_balancedness(
+    window: np.ndarray,
+    placements: list[np.ndarray],
+    *,
+    gpus: int,
+    ahead: tuple[int, ...] = AHEAD_STEPS,
+    alpha: float = 0.3,
+    samples: int = 5,
+    seed: int = 0,
+) -> list[np.ndarray]:
+    """What a job will measure under each placement on the steps after the window: an
+    out-of-sample estimate. ``window [T, L, E]`` recent tokens, oldest first; ``placements``:
+    ``phy2log [L, G*S]`` arrays -> one float64 ``[L]`` per placement, the mean routed
+    balancedness (``routed_balancedness``) per layer over ``samples`` draws of each step
+    ``ahead`` of the window's last (the default: the steps a plan is measured on).
+
+    The draws follow ``drift_and_noise``: a step d ahead is ``exp(mu + s_d * z) - 1``, ``mu``
+    the EMA (``alpha``) of the window's log-loads, ``z`` standard normal (seeded) and ``s_d^2``
+    the variance of that step's log-load about ``mu``: the drift over d steps and over the
+    EMA's own lag, the step's noise and the noise left in the EMA. Every placement is scored
+    on the same draws. Scoring a placement on the steps it was fitted to instead promises
+    too much when loads drift: the job measures it on later steps."""
+    h = _check_history(window)
+    alpha = _check_alpha(alpha)
+    samples = check_count("samples", samples)
+    if not ahead or min(ahead) < 1:
+        raise ValueError(f"ahead must be steps >= 1, got {ahead!r}")
+    drift, noise = drift_and_noise(h)
+    y = np.log1p(h)[::-1]  # newest first
+    w = _weights(len(y), alpha)
+    mu = np.tensordot(w, y, axes=1)  # [L, E]
+    idx = np.arange(len(w))
+    lag_var = float(w @ np.minimum.outer(idx, idx) @ w)  # the EMA's lag behind the level
+    d = np.repeat(np.asarray(ahead, dtype=np.float64), samples)  # [D * samples]
+    var = drift * (d + lag_var)[:, None, None] + (1.0 + w @ w) * noise[None]
+    z = np.random.default_rng(seed).standard_normal((len(d), *mu.shape))
+    draws = np.expm1(mu[None] + np.sqrt(var) * z).clip(min=0.0)
+    return [routed_balancedness(draws, p, gpus=gpus).mean(axis=0) for p in placements]

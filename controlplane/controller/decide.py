@@ -7,9 +7,11 @@ balancedness would improve by less than ``min_layer_gain`` keep their current pl
 
 Cost model: expert time per step ∝ max rank load = mean load × balancedness, so a change of
 balancedness from b0 to b1 saves ``step_time × moe_time_fraction × (1 − b1/b0)`` per step.
-b0 and b1 are what the job will measure: the mean over the recent window's individual steps of
-their balancedness with each step's tokens routed among the replicas
-(``balancing.routed_balancedness``), under the running and the new placement.
+b0 and b1 are what the job will measure under the running and the new placement: the mean
+routed balancedness (each step's tokens routed among the replicas) over the steps the new
+plan will be measured on (``balancing.prediction.measured_steps``), estimated out of sample
+from the recent window's steps (``balancing.expected_balancedness``: the window's drift and
+noise carried forward; a placement is not scored on the steps it was fitted to).
 Migration stalls every rank until the busiest destination rank has received its copies:
 ``max over ranks of (intra copies × bytes / intra bw + cross copies × bytes / cross bw)``.
 """
@@ -25,8 +27,8 @@ import numpy as np
 from moeplane.controlplane.balancing import (
     count_moves,
     plan_placement,
-    routed_balancedness,
 )
+from moeplane.controlplane.balancing.prediction import expected_balancedness, measured_steps
 from moeplane.controlplane.domain.rebalance_policy import RebalancePolicy
 
 
@@ -42,7 +44,7 @@ class Decision:
     phy2log [L, G*S] int64 (REBALANCE only): the placement to push.
     layers: the layers whose placement changes.
     predicted_before / predicted_after: balancedness the job is predicted to measure, before
-    and after: the mean per-step balancedness over the recent window's steps, with routing.
+    and after: the mean routed balancedness over the steps the plan will be measured on.
     gain_s / cost_s: predicted step time saved over the horizon vs. migration stall, seconds.
     """
 
@@ -99,8 +101,9 @@ def decide(
     Args:
         recent_balancedness [W]: measured balancedness of the running placement, oldest first.
         predicted [L, E]: predicted tokens per logical expert for the coming steps (planned for).
-        window [W, L, E]: the recent steps' tokens per logical expert, oldest first, on which
-            the balancedness before and after is predicted (default: ``predicted`` alone).
+        window [W, L, E]: the recent steps' tokens per logical expert, oldest first, from which
+            the balancedness before and after is predicted (default: ``predicted`` alone, as one
+            step without drift or noise).
         current [L, G*S] int64: the running placement.
         world_size, slots_per_rank, nodes: G, S and the node count (G divisible by nodes).
         step_time_s: recent mean step time, seconds.
@@ -125,8 +128,8 @@ def decide(
         max_moves=policy.max_moves, search=policy.search, groups=groups or None,
     )
     steps = np.asarray(predicted, dtype=np.float64)[None] if window is None else window
-    before = routed_balancedness(steps, current, gpus=world_size).mean(axis=0)
-    after = routed_balancedness(steps, plan.phy2log, gpus=world_size).mean(axis=0)
+    ahead = measured_steps(policy.min_interval_s, step_time_s)
+    before, after = expected_balancedness(steps, [current, plan.phy2log], gpus=world_size, ahead=ahead)
     keep = (before - after) >= policy.min_layer_gain
     if not keep.any():
         return Decision(Action.HOLD, f"no layer gains {policy.min_layer_gain} or more", predicted_before=float(before.mean()))

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from moeplane.controlplane.balancing import routed_balancedness
+from moeplane.controlplane.balancing.prediction import MEASURE_STEPS
 from moeplane.controlplane.controller.decide import Action, decide, ema
 from moeplane.controlplane.controller.executor import push_plan
 from moeplane.controlplane.controller.leader import Leadership
@@ -30,7 +31,6 @@ from moeplane.controlplane.store.lifecycle import Fenced
 from moeplane.controlplane.store.placements import PlacementSource
 
 log = logging.getLogger(__name__)
-MEASURE_STEPS = 10  # a plan's measured balancedness: the mean over (up to) its first steps
 
 
 class Controller(ReconcileLoop):

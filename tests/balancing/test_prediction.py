@@ -1,14 +1,26 @@
 import numpy as np
 import pytest
 
+from harness.traces import drifting_trace, workload_trace
 from moeplane.controlplane.balancing import (
     FORECASTERS,
     choose_forecaster,
     ema_forecast,
+    expected_balancedness,
     forecast,
     holt_forecast,
+    identity_placement,
     one_step_ahead_error,
+    plan_placement,
+    routed_balancedness,
     window_forecast,
+)
+from moeplane.controlplane.balancing.prediction import (
+    AHEAD_STEPS,
+    APPLY_LAG_STEPS,
+    MEASURE_STEPS,
+    drift_and_noise,
+    measured_steps,
 )
 
 
@@ -110,3 +122,71 @@ def test_choose_forecaster_takes_the_least_one_step_error():
 def test_forecast_validation(call, name):
     with pytest.raises(ValueError, match=name):
         call(np.ones((5, 1, 2)))
+
+
+def test_drift_and_noise_recover_a_random_walk_and_its_noise():
+    # log-loads: a random walk of 0.1 per step plus 0.05 of batch noise, counts large enough
+    # that counting noise does not matter
+    rng = np.random.default_rng(0)
+    level = np.cumsum(rng.normal(0, 0.1, size=(10, 4, 64)), axis=0) + np.log(1e6)
+    loads = np.expm1(level + rng.normal(0, 0.05, size=level.shape))
+    drift, noise = drift_and_noise(loads)
+    assert drift == pytest.approx(0.01, rel=0.25)
+    assert noise.shape == (4, 64)
+    assert 0.5 * 0.0025 < noise.mean() < 2 * 0.0025
+    # no movement at all: nothing to fit; one step: nothing to measure
+    assert drift_and_noise(np.full((5, 2, 3), 7.0))[0] == 0.0
+    assert drift_and_noise(loads[:1])[1].max() == 0.0
+
+
+def _plan_scores(trace, t, window, gpus, slots):
+    """In-sample, out-of-sample (``expected_balancedness``) and measured balancedness of the
+    placement planned at step t on the EMA of the window: measured, as a job does, over the
+    steps a plan is judged on (``AHEAD_STEPS`` after t)."""
+    win = trace[max(0, t - window + 1) : t + 1]
+    p2l = plan_placement(ema_forecast(win, alpha=0.3), gpus=gpus, slots_per_gpu=slots).phy2log
+    later = trace[t + AHEAD_STEPS[0] : t + AHEAD_STEPS[-1] + 1]
+    measured = routed_balancedness(later, p2l, gpus=gpus).mean()
+    in_sample = routed_balancedness(win, p2l, gpus=gpus).mean()
+    (ahead,) = expected_balancedness(win, [p2l], gpus=gpus)
+    return in_sample, float(ahead.mean()), measured
+
+
+@pytest.mark.parametrize("family", ["random walk", "sim workload, short window"])
+def test_out_of_sample_prediction_is_closer_to_what_the_next_steps_measure(family):
+    if family == "random walk":
+        trace = drifting_trace(80, 8, 64, tokens_per_layer=2e5, drift=0.05, batch_noise=0.02, seed=3)
+        window, cuts, gpus = 10, range(20, 66, 8), 16
+    else:  # fast drift early in training and a window of 3 steps, as a job's first plan
+        trace = workload_trace(60, 8, 32, gpus=8, top_k=4)
+        window, cuts, gpus = 3, range(2, 46, 8), 8
+    scores = np.array([_plan_scores(trace, t, window, gpus, 5) for t in cuts])
+    in_sample, ahead, measured = scores.T
+    err_in = np.abs(measured - in_sample) / measured
+    err_ahead = np.abs(measured - ahead) / measured
+    assert (in_sample < measured).all()  # the steps a placement was fitted to flatter it
+    assert err_ahead.mean() < 0.6 * err_in.mean(), (err_ahead, err_in)
+
+
+def test_a_plan_is_measured_until_the_next_can_take_its_place():
+    first = APPLY_LAG_STEPS + 1
+    assert measured_steps(10.0, 1.25) == tuple(range(first, first + 7))  # 8 steps, less one
+    assert measured_steps(600.0, 1.0) == AHEAD_STEPS  # at most MEASURE_STEPS
+    assert len(AHEAD_STEPS) == MEASURE_STEPS
+    assert measured_steps(0.0, 1.0) == (first,)
+    with pytest.raises(ValueError, match="step_time_s"):
+        measured_steps(10.0, 0.0)
+
+
+def test_without_drift_the_prediction_is_the_steps_own_balancedness():
+    step = np.random.default_rng(4).gamma(2.0, 500.0, size=(1, 3, 16))
+    p2l = identity_placement(3, 16, 4 * 5)
+    (one,) = expected_balancedness(step, [p2l], gpus=4)
+    np.testing.assert_allclose(one, routed_balancedness(step, p2l, gpus=4)[0])
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [({"ahead": ()}, "ahead"), ({"ahead": (0, 1)}, "ahead"),
+                                              ({"samples": 0}, "samples"), ({"alpha": 2}, "alpha")])
+def test_expected_balancedness_validation(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        expected_balancedness(np.ones((3, 1, 4)), [identity_placement(1, 4, 4)], gpus=2, **kwargs)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from moeplane.controlplane.balancing import expected_balancedness, routed_balancedness
 from moeplane.controlplane.balancing.placement import identity_placement
+from moeplane.controlplane.balancing.prediction import measured_steps
 from moeplane.controlplane.controller.decide import Action, decide, ema, migration_stall_s
 from moeplane.controlplane.domain.rebalance_policy import RebalancePolicy
 
@@ -102,3 +104,21 @@ def test_ema_weights_recent_steps():
 def test_policy_validation_names_the_setting(bad, field):
     with pytest.raises(ValueError, match=field):
         RebalancePolicy.from_dict(bad)
+
+
+def test_predictions_and_the_gain_are_out_of_sample_on_a_drifting_window():
+    rng = np.random.default_rng(5)
+    walk = np.exp(np.cumsum(rng.normal(0, 0.08, size=(12, L, E)), axis=0))  # fast drift
+    window = skewed() * walk
+    policy = args()["policy"]
+    d = decide(**args(predicted=ema(window), window=window))
+    assert d.action == Action.REBALANCE, d.reason
+    # the pushed placement's figure is the out-of-sample estimate over the steps it will be
+    # measured on, above what it scores on the steps it was fitted to
+    ahead = measured_steps(policy.min_interval_s, 1.0)
+    (pushed,) = expected_balancedness(window, [d.phy2log], gpus=G, ahead=ahead)
+    assert d.predicted_after == pytest.approx(pushed.mean())
+    assert d.predicted_after > routed_balancedness(window, d.phy2log, gpus=G).mean()
+    # and the gain-versus-stall rule uses the same figures
+    assert d.gain_s == pytest.approx(policy.horizon_steps * 1.0 * policy.moe_time_fraction
+                                     * (1 - d.predicted_after / d.predicted_before))
