@@ -12,7 +12,9 @@ from moeplane.controlplane.store.placements import PlacementSource
 from moeplane.controlplane.store.queries import MAX_LIMIT, Range
 
 
-def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> Engine:
+    """``async``: FastAPI calls it on the event loop; a plain ``def`` would cost every request
+    a round trip through the worker threads (under load, a wait for a thread and the GIL)."""
     return request.app.state.engine
 
 

@@ -142,12 +142,16 @@ def _window(request: Request, engine, start, end, step_start, step_end, bucket_s
     return H.plan_window(max(0.0, start), end, bucket_s, limit, now, _policy(request), raw_kind=kind)
 
 
-async def _cached(request: Request, compute, model) -> Response:
-    """``compute()``'s page as JSON, shared by identical reads within a second (ReadCache)."""
-    cache = getattr(request.app.state, "read_cache", None)
-    if cache is None:
-        cache = request.app.state.read_cache = ReadCache()
-    return await cache.json((request.url.path, request.url.query), compute, model)
+async def _page(request: Request, format: str, compute, model, csv_columns) -> Response:
+    """``compute()``'s page (a plain function, run in a worker thread): JSON shared by identical
+    reads (ReadCache: at most ``max_stale_s`` old), or CSV computed for this request."""
+    if format == "json":
+        cache = getattr(request.app.state, "read_cache", None)
+        if cache is None:
+            cache = request.app.state.read_cache = ReadCache()
+        return await cache.json((request.url.path, request.url.query), compute, model)
+    page = await asyncio.to_thread(compute)
+    return _csv(csv_columns(page), page)
 
 
 def _empty(bucket_s: int | None, **extra) -> dict:
@@ -155,7 +159,8 @@ def _empty(bucket_s: int | None, **extra) -> dict:
             "raw_from": 0, "items": []} | extra
 
 
-def _csv(rows: list[dict], columns: list[str], page: dict) -> Response:
+def _csv(table: tuple[list[dict], list[str]], page: dict) -> Response:
+    rows, columns = table
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(columns)
@@ -176,14 +181,12 @@ async def device_metric(
 ):
     """count, mean, max, p95 of one device metric per bucket (units: the metric's suffix)."""
 
-    async def compute() -> dict:
+    def compute() -> dict:
         win = _window(request, engine, start, end, None, None, bucket_s, limit)
-        return await asyncio.to_thread(H.device_metric, engine, device_id, metric, win)
+        return H.device_metric(engine, device_id, metric, win)
 
-    if format == "json":
-        return await _cached(request, compute, MetricHistory)
-    page = await compute()
-    return _csv(page["items"], ["start", "count", "mean", "max", "p95"], page)
+    return await _page(request, format, compute, MetricHistory,
+                       lambda page: (page["items"], ["start", "count", "mean", "max", "p95"]))
 
 
 @router.get("/jobs/{job_id}/steps", response_model=StepHistory, responses=RESPONSES)
@@ -195,18 +198,15 @@ async def step_stats(
 ):
     """Per bucket and rank: step time (s) and host-bound ratio mean/max/p95, tokens summed."""
 
-    async def compute() -> dict:
-        await asyncio.to_thread(require_job, engine, job_id)
-        win = await asyncio.to_thread(_window, request, engine, start, end, step_start, step_end, bucket_s,
-                                      limit, job_id, "steps")
+    def compute() -> dict:
+        require_job(engine, job_id)
+        win = _window(request, engine, start, end, step_start, step_end, bucket_s, limit, job_id, "steps")
         if win is None:
             return _empty(bucket_s, job_id=job_id)
-        return await asyncio.to_thread(H.step_stats, engine, job_id, win, rank, (step_start, step_end))
+        return H.step_stats(engine, job_id, win, rank, (step_start, step_end))
 
-    if format == "json":
-        return await _cached(request, compute, StepHistory)
-    page = await compute()
-    return _csv(page["items"], list(StepPoint.model_fields), page)
+    return await _page(request, format, compute, StepHistory,
+                       lambda page: (page["items"], list(StepPoint.model_fields)))
 
 
 @router.get("/jobs/{job_id}/loads", response_model=LoadHistory, responses=RESPONSES)
@@ -222,20 +222,16 @@ async def loads(
     """Tokens per step per bucket: matrix [L, E], layer [E], expert [L] (or one number with
     layer), or ranks [G] under the placement that was running (summed over layers or one)."""
 
-    async def compute() -> dict:
-        await asyncio.to_thread(require_job, engine, job_id)
-        win = await asyncio.to_thread(_window, request, engine, start, end, step_start, step_end, bucket_s,
-                                      limit, job_id, "loads")
+    def compute() -> dict:
+        require_job(engine, job_id)
+        win = _window(request, engine, start, end, step_start, step_end, bucket_s, limit, job_id, "loads")
         if win is None:
             return _empty(bucket_s, job_id=job_id, view=view, agg=agg)
-        return await asyncio.to_thread(
-            LH.load_history, engine, job_id, win, view=view, agg=agg, layer=layer, expert=expert,
-            steps=(step_start, step_end), placements=get_placements(request))
+        return LH.load_history(engine, job_id, win, view=view, agg=agg, layer=layer, expert=expert,
+                               steps=(step_start, step_end), placements=get_placements(request))
 
-    if format == "json":
-        return await _cached(request, compute, LoadHistory)
-    page = await compute()
-    return _csv(_long_rows(page, view, layer, expert), ["start", "steps", "index_0", "index_1", "value"], page)
+    return await _page(request, format, compute, LoadHistory, lambda page: (
+        _long_rows(page, view, layer, expert), ["start", "steps", "index_0", "index_1", "value"]))
 
 
 def _long_rows(page: dict, view: str, layer, expert) -> list[dict]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from anyio import to_thread
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -44,18 +45,20 @@ def needed_role(request: Request) -> Role | None:
     return Role.VIEWER if request.method in ("GET", "HEAD") else Role.OPERATOR
 
 
-def authorize(
+async def authorize(
     request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> Principal | None:
-    """App-wide dependency. Returns the caller (None when open or public)."""
+    """App-wide dependency. Returns the caller (None when open or public). ``async``, and the
+    token store is read in a worker thread only when tokens are on: an open or public request
+    makes no round trip through the worker threads."""
     tokens = getattr(request.app.state, "tokens", None)
     if tokens is None:
         return None
     needed = needed_role(request)
     if needed is None:
         return None
-    principal = tokens.authenticate(creds.credentials if creds else None)
+    principal = await to_thread.run_sync(tokens.authenticate, creds.credentials if creds else None)
     if principal is None:
         raise HTTPException(401, "a valid API token is required", headers={"WWW-Authenticate": "Bearer"})
     if not principal.role.allows(needed):
