@@ -67,30 +67,38 @@ def _trace_file(path: str):
         raise _BadInput(str(exc)) from None
 
 
-def _job_trace(args):
+def job_trace(database_url: str, job: str):
+    """``(loads [steps, L, E] int64, groups)`` of a stored job: every stored step's global
+    loads, oldest first, and the job's ``groups`` (None: none). ``_BadInput`` for an unknown
+    job or one without loads."""
     import numpy as np
 
-    from moeplane.controlplane.cli.serve import settings_from
     from moeplane.controlplane.store import queries as q
     from moeplane.controlplane.store.engine import make_engine
 
-    engine = make_engine(settings_from(args).database_url)
+    engine = make_engine(database_url)
     rows, step = [], 0
     try:
-        groups = q.get_job(engine, args.job).get("groups")
+        groups = q.get_job(engine, job).get("groups")
         while True:
-            page = q.loads_history(engine, args.job, q.Range(step_start=step, limit=q.MAX_LIMIT))
+            page = q.loads_history(engine, job, q.Range(step_start=step, limit=q.MAX_LIMIT))
             rows += page
             if len(page) < q.MAX_LIMIT:
                 break
             step = page[-1]["step"] + 1
     except q.NotFound:
-        raise _BadInput(f"--job: no job {args.job!r} in the database") from None
+        raise _BadInput(f"--job: no job {job!r} in the database") from None
     finally:
         engine.dispose()
     if not rows:
-        raise _BadInput(f"--job: job {args.job!r} has no stored loads")
-    return np.stack([r["counts"] for r in rows]), groups
+        raise _BadInput(f"--job: job {job!r} has no stored loads")
+    return np.stack([r["counts"] for r in rows]).astype(np.int64), groups
+
+
+def _job_trace(args):
+    from moeplane.controlplane.cli.serve import settings_from
+
+    return job_trace(settings_from(args).database_url, args.job)
 
 
 def check_groups(groups, experts: int, gpus: int, slots_per_gpu: int, nodes: int):

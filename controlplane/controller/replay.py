@@ -25,6 +25,7 @@ policy's intra- and cross-node bandwidth).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,11 +93,14 @@ def replay_trace(
     warmup: int = 20,
     seconds_per_token: float = SECONDS_PER_TOKEN,
     groups: int | None = None,
+    forecaster: Callable[[np.ndarray], np.ndarray] = ema,
 ) -> dict:
     """Replay every policy on ``trace [T, L, E]`` (tokens per step, layer and expert; T >
     ``warmup`` >= 1). Returns ``{"steps", "policies": {name: PolicyRun.summary()},
     "speedup": {"vs_best_eplb", "vs_once"}}`` (speed-up: the baseline's total time per step
-    over the controller's). ``groups``: K expert groups, each kept on one node (None: none)."""
+    over the controller's). ``groups``: K expert groups, each kept on one node (None: none).
+    ``forecaster``: the controller's planner input from the window ``[W, L, E]`` -> ``[L, E]``
+    (default: the runner's)."""
     policy = policy or RebalancePolicy()
     trace = np.asarray(trace, dtype=np.float64)
     steps, layers, experts = trace.shape
@@ -142,7 +146,7 @@ def replay_trace(
         step_time = float(np.mean(runs["controller"].expert_s[-window:] or [1.0])) / \
             policy.moe_time_fraction
         decision = decide(
-            recent_balancedness=bal, predicted=ema(past), current=cur, world_size=gpus,
+            recent_balancedness=bal, predicted=forecaster(past), current=cur, world_size=gpus,
             slots_per_rank=spg, nodes=nodes, step_time_s=step_time, now=now,
             last_plan_at=last_plan_at, policy=policy, window=past, groups=groups,
         )
