@@ -1,31 +1,58 @@
-"""RL page: layout and callbacks. Reads the newest ``STEPS`` steps of the selected job through
-``moeplane.controlplane.store.rl`` (the functions behind REST ``/rl/...``) and re-draws only
-when a newer step arrived.
+"""RL page: layout and callbacks. A step-range picker (blank: the newest ``STEPS`` steps, live)
+chooses the steps [lo, hi) that the timeline, the per-step bars, the idle heatmap, the tail,
+staleness and weight-sync figures and the Perfetto / Chrome-trace link show, read through
+``moeplane.controlplane.store`` (what REST ``/rl/...`` serves); figures are re-drawn only when
+the range or the newest step in it changes.
 
-Element ids: ``rl-summary``, ``rl-timeline``, ``rl-steps``, ``rl-heatmap``, ``rl-tail``,
-``rl-staleness``, ``rl-sync``.
+The timeline draws one bar per span up to ``GANTT_MAX_SPANS`` spans; above that it bins the
+spans (device x ``TIMELINE_BINS`` time bins, ``moeplane.controlplane.rl.timeline_bins``) from a
+column read. The idle analysis covers the newest steps of the range holding at most
+``ANALYSIS_MAX_SPANS`` spans, and says so when that is not the whole range.
+
+Element ids: ``rl-from``, ``rl-to``, ``rl-apply``, ``rl-range-status``, ``rl-trace-link``,
+``rl-summary``, ``rl-timeline``, ``rl-steps``, ``rl-heatmap``, ``rl-tail``, ``rl-staleness``,
+``rl-sync``.
 """
 
 from __future__ import annotations
 
-from dash import Input, Output, State, dcc, html, no_update
+from urllib.parse import quote
+
+from dash import Input, Output, State, ctx, dcc, html, no_update
 from sqlalchemy.engine import Engine
 
 from moeplane.controlplane.rl import idle
+from moeplane.controlplane.rl import timeline_bins as tb
+from moeplane.controlplane.rl.step_window import MAX_STEPS, newest_within, step_window
 from moeplane.controlplane.store import rl as store_rl
+from moeplane.controlplane.store import rl_columns
 from moeplane.dashboard import rl_loads
 from moeplane.dashboard import rl_views as V
 
-STEPS = 20
-GRAPHS = ("rl-timeline", "rl-steps", "rl-heatmap", "rl-tail", "rl-staleness", "rl-sync")
+STEPS = 20  # steps shown when the picker is blank
+GANTT_MAX_SPANS = 20_000  # above this many spans in the range, the timeline is binned
+TIMELINE_BINS = 600
+ANALYSIS_MAX_SPANS = 100_000
+ANALYSIS = ("rl-steps", "rl-heatmap", "rl-tail", "rl-staleness", "rl-sync")
 _CARD = {"padding": "6px 10px", "margin": "4px 0", "border": "1px solid #ddd", "borderRadius": "4px"}
 
 
 def page(interval_ms: int) -> html.Div:
     half = {"width": "50%", "display": "inline-block", "verticalAlign": "top"}
+    picker = html.Div([
+        html.Span("steps from "),
+        dcc.Input(id="rl-from", type="text", placeholder="first step", style={"width": "110px"}),
+        html.Span(" to "),
+        dcc.Input(id="rl-to", type="text", placeholder="last step", style={"width": "110px"}),
+        html.Button("Show", id="rl-apply", n_clicks=0, style={"marginLeft": "10px"}),
+        html.Span(f" (blank: the newest {STEPS} steps, live) · "),
+        html.A("Perfetto / Chrome trace of these steps", id="rl-trace-link", href="", target="_blank"),
+    ], style=_CARD)
     return html.Div([
         dcc.Interval(id="rl-tick", interval=max(interval_ms, 2000)),
-        dcc.Store(id="rl-shown"),
+        dcc.Store(id="rl-range"),
+        picker,
+        html.Div(id="rl-range-status", style=_CARD),
         html.Div(id="rl-summary", style=_CARD),
         dcc.Graph(id="rl-timeline", config={"displaylogo": False}),
         dcc.Graph(id="rl-steps", config={"displaylogo": False}),
@@ -36,29 +63,89 @@ def page(interval_ms: int) -> html.Div:
     ])
 
 
+def _step(text: str | None, name: str) -> int | None:
+    text = (text or "").strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise ValueError(f"{name}: not a step number (0, 1, 2, ...): {text!r}")
+    return int(text)
+
+
+def picked_range(start: str | None, end: str | None, newest: int | None) -> tuple[int, int]:
+    """[lo, hi) from the picker's inclusive ``from``/``to`` texts (blank: the newest ``STEPS``
+    steps); ValueError naming the bad input."""
+    first, last = _step(start, "from"), _step(end, "to")
+    if first is not None and last is not None and last < first:
+        raise ValueError(f"to: step {last} is before from {first}")
+    if first is None and last is None:
+        return step_window(None, None, newest, default=STEPS)
+    return step_window(first, None if last is None else last + 1, newest, default=STEPS, maximum=MAX_STEPS)
+
+
+def timeline(engine: Engine, job_id: str, lo: int, hi: int):
+    """The timeline figure of steps [lo, hi): a Gantt, or binned above ``GANTT_MAX_SPANS``."""
+    cols = rl_columns.read_timeline_columns(engine, job_id, lo, hi)
+    if cols.phase.size <= GANTT_MAX_SPANS:
+        return V.timeline_figure(store_rl.read_spans(engine, job_id, lo, hi))
+    grid = tb.grid_over(cols.start, cols.end, TIMELINE_BINS)
+    seconds = tb.bin_spans(cols.device, cols.phase, cols.start, cols.end, grid, devices=cols.ranks.size)
+    labels = [V.device_label(r, k) for r, k in zip(cols.roles.tolist(), cols.ranks.tolist(), strict=True)]
+    return V.binned_timeline_figure(labels, grid, seconds)
+
+
 def register(app, engine: Engine) -> None:
     rl_loads.register(app, engine)
+
     @app.callback(
-        *(Output(g, "figure") for g in GRAPHS),
-        Output("rl-summary", "children"),
-        Output("rl-shown", "data"),
+        Output("rl-range", "data"),
+        Output("rl-range-status", "children"),
+        Output("rl-trace-link", "href"),
+        Input("rl-apply", "n_clicks"),
         Input("job-select", "value"),
         Input("rl-tick", "n_intervals"),
-        State("rl-shown", "data"),
+        State("rl-from", "value"),
+        State("rl-to", "value"),
+        State("rl-range", "data"),
     )
-    def refresh(job_id, _n, shown):
-        none = (no_update,) * (len(GRAPHS) + 2)
+    def pick(_clicks, job_id, _n, start, end, shown):
         if not job_id:
-            return *none[:-2], "no job has reported yet", no_update
+            return no_update, "no job has reported yet", ""
+        if ctx.triggered_id != "rl-apply":  # the tick or a new job: the inputs last applied, not half-typed ones
+            start, end = (shown or {}).get("picked", (None, None))
         newest = store_rl.latest_step(engine, job_id)
-        state = {"job": job_id, "newest": newest}
-        if shown == state:
-            return none
-        lo = 0 if newest is None else max(0, int(newest) + 1 - STEPS)
-        hi = 1 if newest is None else int(newest) + 1
-        spans = store_rl.read_spans(engine, job_id, lo, hi)
-        rep = idle.analyze(spans)
+        try:
+            lo, hi = picked_range(start, end, newest)
+        except ValueError as exc:
+            return no_update, f"bad step range: {exc}", no_update
+        live = newest is not None and newest >= lo
+        state = {"job": job_id, "lo": lo, "hi": hi, "newest": min(newest, hi - 1) if live else None,
+                 "picked": [start, end]}
+        if state == shown:
+            return no_update, no_update, no_update
+        follow = " (the newest, live)" if not (start or "").strip() and not (end or "").strip() else ""
+        href = f"/api/v1/jobs/{quote(job_id, safe='')}/rl/trace?step_start={lo}&step_end={hi}"
+        return state, f"steps {lo}–{hi - 1}{follow}", href
+
+    @app.callback(Output("rl-timeline", "figure"), Input("rl-range", "data"))
+    def draw_timeline(shown):
+        if not shown:
+            return no_update
+        return timeline(engine, shown["job"], shown["lo"], shown["hi"])
+
+    @app.callback(*(Output(g, "figure") for g in ANALYSIS), Output("rl-summary", "children"),
+                  Input("rl-range", "data"))
+    def analyse(shown):
+        if not shown:
+            return (no_update,) * (len(ANALYSIS) + 1)
+        job_id, lo, hi = shown["job"], shown["lo"], shown["hi"]
+        steps, counts = rl_columns.span_counts(engine, job_id, lo, hi)
+        first = newest_within(steps, counts, ANALYSIS_MAX_SPANS)
+        cut = first is not None and first > int(steps[0])
+        rep = idle.analyze(store_rl.read_spans(engine, job_id, first if cut else lo, hi))
         batches = store_rl.read_batches(engine, job_id, lo, hi)
         syncs = store_rl.read_syncs(engine, job_id, lo, hi)
-        return (V.timeline_figure(spans), V.step_bars_figure(rep), V.idle_heatmap_figure(rep), V.tail_figure(rep),
-                V.staleness_figure(batches), V.sync_figure(syncs), V.summary_text(rep), state)
+        note = (f" · idle analysis of steps {first}–{hi - 1} only: the range holds {int(counts.sum()):,} spans, "
+                f"at most {ANALYSIS_MAX_SPANS:,} are analysed") if cut else ""
+        return (V.step_bars_figure(rep), V.idle_heatmap_figure(rep), V.tail_figure(rep),
+                V.staleness_figure(batches), V.sync_figure(syncs), V.summary_text(rep) + note)

@@ -9,7 +9,9 @@ import numpy as np
 import plotly.graph_objects as go
 
 from moeplane.controlplane.rl import idle
+from moeplane.controlplane.rl import timeline_bins as tb
 from moeplane.controlplane.rl.phases import PHASES, ROLES, Spans
+from moeplane.controlplane.rl.timeline_bins import Grid
 
 PHASE_COLORS = dict(zip(PHASES, (
     "#1f77b4", "#17becf", "#9467bd", "#c5b0d5", "#8c564b", "#e377c2", "#2ca02c",
@@ -24,16 +26,26 @@ def _empty(title: str) -> go.Figure:
     return fig
 
 
+def device_label(role: int, rank: int) -> str:
+    """A timeline row: ``"<role> · rank <k>"``, or ``"<role> · job"`` for rank -1 (a framework's
+    per-step timers)."""
+    return f"{ROLES[role]} · rank {rank}" if rank >= 0 else f"{ROLES[role]} · job"
+
+
+def device_rows(labels) -> list[str]:
+    """Distinct row labels, top to bottom: grouped by role name, then by rank (job row first)."""
+    return sorted(set(labels), key=lambda s: (s.split(" · ")[0], int(s.rsplit(" ", 1)[1]) if s[-1].isdigit() else -1))
+
+
 def timeline_figure(spans: Spans) -> go.Figure:
     """Gantt: one row per device (grouped by role), one bar per span coloured by phase; dotted
     lines at step starts, labelled with the step and the policy version."""
     if len(spans) == 0:
         return _empty("timeline: no spans")
     t0 = float(spans.start.min())
-    label = np.array([f"{ROLES[r]} · rank {k}" if k >= 0 else f"{ROLES[r]} · job" for r, k in
-                      zip(spans.role.tolist(), spans.rank.tolist(), strict=True)], dtype=object)
-    rows = sorted(set(label.tolist()), key=lambda s: (s.split(" · ")[0], int(s.rsplit(" ", 1)[1])
-                                                      if s[-1].isdigit() else -1))
+    label = np.array([device_label(r, k) for r, k in zip(spans.role.tolist(), spans.rank.tolist(), strict=True)],
+                     dtype=object)
+    rows = device_rows(label.tolist())
     fig = go.Figure()
     for code in sorted(set(spans.phase.tolist())):
         m = spans.phase == code
@@ -51,6 +63,34 @@ def timeline_figure(spans: Spans) -> go.Figure:
                            text=f"s{int(step)} v{int(spans.version[m].min())}")
     fig.update_layout(title="timeline (colour: phase)", barmode="overlay", height=max(260, 22 * len(rows) + 90),
                       xaxis_title="seconds", yaxis={"categoryorder": "array", "categoryarray": rows[::-1]},
+                      margin={"l": 130, "r": 10, "t": 50, "b": 40})
+    return fig
+
+
+def binned_timeline_figure(labels: list[str], grid: Grid, seconds: np.ndarray) -> go.Figure:
+    """The timeline of a range too large for one bar per span: one row per device (``labels``
+    [D], as :func:`device_label` writes them), one cell per time bin of ``grid``, coloured by the
+    phase with the most seconds in it (``seconds`` float64 [D, B, P], from
+    ``timeline_bins.bin_spans``); hover: that phase's seconds and the busy share of the bin (the
+    sum of every phase's seconds over the bin width; overlapping spans can take it above 1)."""
+    if seconds.size == 0 or not seconds.any():
+        return _empty("timeline: no spans")
+    top = tb.dominant(seconds)
+    z = np.where(top >= 0, top, np.nan)
+    top_s = np.take_along_axis(seconds, np.maximum(top, 0)[:, :, None].astype(np.int64), axis=2)[:, :, 0]
+    hover = np.stack([np.round(top_s, 2), np.round(seconds.sum(axis=2) / grid.width, 3)], axis=2)
+    order = [labels.index(r) for r in device_rows(labels)][::-1]  # plotly draws row 0 at the bottom
+    n = len(PHASES)
+    scale = [x for i, name in enumerate(PHASES) for x in ((i / n, PHASE_COLORS[name]), ((i + 1) / n, PHASE_COLORS[name]))]
+    x = (np.arange(grid.bins) + 0.5) * grid.width
+    fig = go.Figure(go.Heatmap(
+        z=z[order], x=x, y=[labels[i] for i in order], customdata=hover[order], zmin=-0.5, zmax=n - 0.5,
+        colorscale=scale, colorbar={"title": "phase", "tickvals": list(range(n)), "ticktext": list(PHASES)},
+        hovertemplate="%{y} · %{x:.1f}s<br>phase #%{z} for %{customdata[0]}s<br>busy %{customdata[1]:.0%}"
+                      "<extra></extra>"))
+    fig.update_layout(title=f"timeline, binned: {grid.bins} bins of {grid.width:.1f} s (colour: the phase with the "
+                            "most time); pick a shorter range for one bar per span",
+                      height=max(260, min(4 * len(labels), 900) + 90), xaxis_title="seconds",
                       margin={"l": 130, "r": 10, "t": 50, "b": 40})
     return fig
 

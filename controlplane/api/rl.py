@@ -18,14 +18,13 @@ from moeplane.controlplane.api.deps import EngineDep
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
 from moeplane.controlplane.rl import idle
 from moeplane.controlplane.rl.phases import PHASES, ROLES
+from moeplane.controlplane.rl.step_window import DEFAULT_STEPS, MAX_STEPS, step_window
 from moeplane.controlplane.rl.trace import chrome_trace
 from moeplane.controlplane.store import rl as store_rl
 from moeplane.controlplane.store.queries import require_job
 
 router = APIRouter(prefix="/api/v1/jobs/{job_id}/rl", tags=["rl"])
 RESPONSES = NOT_FOUND | BAD
-DEFAULT_STEPS = 50
-MAX_STEPS = 10_000
 
 StepStart = Annotated[int | None, Query(ge=0, le=2**62, description="from this step, inclusive")]
 StepEnd = Annotated[int | None, Query(ge=1, le=2**62, description="to this step, exclusive")]
@@ -33,21 +32,10 @@ Limit = Annotated[int, Query(ge=1, le=store_rl.MAX_SPANS, description="most span
 
 
 def step_range(engine, job_id: str, step_start: int | None, step_end: int | None) -> tuple[int, int]:
-    """The [start, end) steps to read; raises ValueError (422) for a bad range."""
+    """The [start, end) steps to read (:func:`step_window`); raises ValueError (422) for a bad range."""
     require_job(engine, job_id)
-    if step_start is not None and step_end is not None and step_end <= step_start:
-        raise ValueError(f"step_end: {step_end} must be above step_start {step_start}")
-    if step_end is None:
-        if step_start is not None:
-            step_end = step_start + DEFAULT_STEPS
-        else:
-            newest = store_rl.latest_step(engine, job_id)
-            step_end = 1 if newest is None else int(newest) + 1
-    if step_start is None:
-        step_start = max(0, step_end - DEFAULT_STEPS)
-    if step_end - step_start > MAX_STEPS:
-        raise ValueError(f"step_end: a range of {step_end - step_start} steps exceeds {MAX_STEPS}")
-    return step_start, step_end
+    newest = store_rl.latest_step(engine, job_id) if step_start is None and step_end is None else None
+    return step_window(step_start, step_end, newest, default=DEFAULT_STEPS, maximum=MAX_STEPS)
 
 
 class SpanColumns(BaseModel):

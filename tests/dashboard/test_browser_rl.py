@@ -1,13 +1,25 @@
 """The RL page in headless Chromium: timeline, per-step bars, idle heatmap, tail, staleness and
-weight sync of stored spans (written through the store's RL writer, as ingest does)."""
+weight sync of stored spans (written through the store's RL writer, as ingest does); the step-range
+picker, its bad inputs, and the binned timeline of a range with too many spans for bars."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 
 from moeplane.controlplane.rl.phases import PHASES, Spans
 from moeplane.controlplane.store import rl as store_rl
-from tests.dashboard.browsing import figure, severe_console_errors, text_of
+from moeplane.dashboard.rl_callbacks import GANTT_MAX_SPANS, TIMELINE_BINS
+from tests.dashboard.browsing import (
+    click,
+    figure,
+    mark_page,
+    severe_console_errors,
+    still_same_page,
+    text_of,
+)
 from tests.dashboard.conftest import SCREENSHOTS, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -52,4 +64,78 @@ def test_rl_page_shows_phases_idle_and_staleness(store, dashboard_server, browse
     assert {t["name"] for t in figure(browser, "rl-staleness")["data"]} >= {"lag mean", "bound"}
     assert "GB/s" in {t["name"] for t in figure(browser, "rl-sync")["data"]}
     browser.save_screenshot(str(SCREENSHOTS / "rl.png"))
+    assert severe_console_errors(browser) == []
+
+
+def _pick(browser, start: str, end: str) -> None:
+    for element_id, text in (("rl-from", start), ("rl-to", end)):
+        box = wait_for(lambda i=element_id: browser.find_element(By.ID, i), what=element_id)
+        box.send_keys(Keys.CONTROL, "a")  # clear() would not reach React's state
+        box.send_keys(Keys.DELETE)
+        if text:
+            box.send_keys(text)
+        wait_for(lambda b=box, v=text: b.get_attribute("value") == v, what=f"{element_id} = {text!r}")
+    click(browser, By.ID, "rl-apply")
+
+
+def _bars(browser) -> int:
+    return sum(len(t.get("y") or []) for t in (figure(browser, "rl-timeline") or {"data": []})["data"]
+               if t.get("type") == "bar")
+
+
+def test_step_range_picker_drives_the_page_and_refuses_bad_ranges(store, dashboard_server, browser):
+    engine, sim = store
+    _fill(engine, sim.job_id)
+    browser.get(dashboard_server.url + "rl")
+    wait_for(lambda: _bars(browser) == 48, what="three steps of 4 devices x 4 spans")
+    mark_page(browser)
+    _pick(browser, "1", "1")
+    wait_for(lambda: _bars(browser) == 16, what="the timeline of step 1 alone")
+    wait_for(lambda: figure(browser, "rl-steps")["data"][0]["x"] == [1], what="the bars of step 1")
+    assert figure(browser, "rl-heatmap")["data"][0]["x"] == [1]
+    assert [int(x) for x in figure(browser, "rl-staleness")["data"][0]["x"]] == [1]
+    href = browser.find_element(By.ID, "rl-trace-link").get_attribute("href")
+    assert href.endswith(f"/api/v1/jobs/{sim.job_id}/rl/trace?step_start=1&step_end=2")
+    assert text_of(browser, "rl-range-status").startswith("steps 1–1")
+    for start, end, message in (("2", "1", "to: step 1 is before from 2"),
+                                ("x1", "", "from: not a step number"),
+                                ("0", "20000", "exceeds 10000"),
+                                ("-3", "", "from: not a step number")):
+        _pick(browser, start, end)
+        wait_for(lambda m=message: m in text_of(browser, "rl-range-status"), what=message, timeout=20)
+        assert text_of(browser, "rl-range-status").startswith("bad step range")
+        assert _bars(browser) == 16  # what was shown stays
+        assert browser.find_element(By.ID, "rl-trace-link").get_attribute("href") == href
+    _pick(browser, "", "")
+    wait_for(lambda: _bars(browser) == 48, what="back to the newest steps")
+    assert still_same_page(browser)
+    assert severe_console_errors(browser) == []
+
+
+def test_a_range_with_too_many_spans_is_binned_and_zooms_to_bars(store, dashboard_server, browser):
+    """64 devices x 11 spans x 30 steps (more than GANTT_MAX_SPANS) from step 500: binned; two
+    steps of it: one bar per span."""
+    engine, sim = store
+    devices, per, steps = 64, 11, 30
+    assert devices * per * steps > GANTT_MAX_SPANS
+    step = np.repeat(np.arange(500, 500 + steps), devices * per)
+    rank = np.tile(np.repeat(np.arange(devices), per), steps)
+    k = np.tile(np.arange(per), devices * steps)
+    start = 5000.0 + (step - 500) * 40.0 + k * 3.0
+    spans = Spans.build(step, rank, step, k % len(PHASES), np.ones(step.size, dtype=int), start, start + 2.5,
+                        np.zeros(step.size, dtype=int))
+    store_rl.save_report(engine, sim.job_id, "node-big", spans)
+    browser.get(dashboard_server.url + "rl")
+    _pick(browser, "500", "529")
+
+    def heatmap():
+        fig = figure(browser, "rl-timeline")
+        return fig if fig and fig["data"] and fig["data"][0]["type"] == "heatmap" else None
+
+    fig = wait_for(heatmap, timeout=60, what="the binned timeline")
+    x = fig["data"][0]["x"]  # numpy arrays travel base64-encoded; plotly.js keeps the decoded values
+    assert len(fig["data"][0]["y"]) == devices and len(x["_inputArray"] if isinstance(x, dict) else x) == TIMELINE_BINS
+    assert "binned" in fig["layout"]["title"]["text"]
+    _pick(browser, "510", "511")
+    wait_for(lambda: _bars(browser) == 2 * devices * per, timeout=30, what="bars for two steps")
     assert severe_console_errors(browser) == []
