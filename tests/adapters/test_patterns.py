@@ -121,6 +121,42 @@ def test_negative_expert_ids_are_refused_naming_the_router():
         watch.take()
 
 
+def test_folds_of_repeated_forwards_skipped_layers_and_many_steps_count_exactly():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[Block(with_experts=False) for _ in range(3)])
+    watch = attach(model)
+
+    def want():
+        counts = torch.stack([torch.bincount(torch.cat(b.chosen).flatten(), minlength=E)
+                              for b in model])
+        for b in model:
+            b.chosen.clear()
+        return counts
+
+    for _ in range(3):  # one shape: three runs of the 3 layers, stacked into one fold
+        model(torch.randn(4, H))
+    assert torch.equal(watch.take(), want())
+    model(torch.randn(4, H))
+    model[1](torch.randn(6, H))  # layer 1 alone: the pending tensors are no longer runs
+    assert torch.equal(watch.take(), want())
+    for _ in range(200):  # 600 pending tensors: folds start in the hooks (FOLD_EVERY)
+        model(torch.randn(2, H))
+    got = watch.take()
+    assert torch.equal(got, want()) and int(got.sum()) == 3 * 200 * 2 * K
+
+
+def test_an_out_of_range_id_in_a_run_names_its_layer_and_drops_the_counts():
+    model = nn.Sequential(*[Block(with_experts=False) for _ in range(3)])
+    watch = attach(model)
+    for i, block in enumerate(model):  # one run: the 3 layers in order, one shape
+        (hook,) = block.router._forward_hooks.values()
+        ids = torch.tensor([[0, 1], [2, E if i == 1 else 3]])
+        hook(block.router, (), {}, (torch.zeros(2, K), ids))
+    with pytest.raises(WatchError, match=r"outside \[0, 6\) in 1\.router \(1 ids\)$"):
+        watch.take()
+    assert int(watch.take().sum()) == 0  # the fold that failed left nothing behind
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_counting_on_cuda_makes_no_host_sync_until_take():
     model = build("qwen3_moe", layers=2, experts=4, top_k=2).cuda()

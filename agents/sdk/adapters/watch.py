@@ -4,16 +4,20 @@
 :class:`Watch`. What a hook does in the step: check the routing tensor's dtype and shape
 (metadata, no device work) and append it to a pending list (a transformers 4.x gate hook first
 recomputes the ids from the logits: a softmax and a topk on the device). The pending tensors
-are folded into one device accumulator ``[L, E + 2]`` int64 with a handful of kernels whatever
-``L`` is (a ``stack`` of the ids, a ``clamp``, a broadcast add of the layer offsets and one
-bincount: ``torch.bincount`` on the CPU, ``index_add_`` on CUDA, where ``torch.bincount`` would
-read its bin count back to the host). Nothing in a step waits for the device: the only host
-copy is the one :meth:`Watch.take` makes (or the Reporter's background thread) per step.
+are folded into one device accumulator ``[L, E + 2]`` int64 with two kernels per forward whatever
+``L`` is: a ``stack`` of its L id tensors and one ``scatter_add_`` of ones along the expert
+dimension (row i of the stacked ids adds to layer i's row: no layer offsets to add, no
+``torch.bincount``, which on CUDA reads its bin count back to the host). Nothing in a step waits
+for the device: the only host copy is the one :meth:`Watch.take` makes (or the Reporter's
+background thread) per step.
 
-Columns 0 and ``E + 1`` of the accumulator catch ids below 0 and from ``E`` up;
-:meth:`Watch.take` raises :class:`WatchError` naming the layer's module path when they are not
-zero (on CUDA with a Reporter, :meth:`Watch.flush` reads a copy a step later, once it is ready,
-without waiting for it).
+Ids outside ``[0, E)``: on the CPU ``scatter_add_`` checks every index itself, so the ids go in
+as they are and a bad one stops the fold with :class:`WatchError` naming the layer's module
+path (the counts since the last take are dropped). On CUDA an out-of-range index would be a
+device assert, so ids are clamped to ``[-1, E]`` and shifted by one: columns 0 and ``E + 1`` of
+the accumulator catch ids below 0 and from ``E`` up, and :meth:`Watch.take` (or
+:meth:`Watch.flush`, reading a copy a step later once it is ready, without waiting for it)
+raises the same error when they are not zero.
 
 Activation checkpointing: a forward re-run during backward (``torch.utils.checkpoint``,
 reentrant or not, and transformers' gradient checkpointing) runs inside the autograd engine;
@@ -55,10 +59,9 @@ class Watch:
         count, width = len(sites), self.num_experts + 2  # [ids < 0, experts 0..E-1, ids >= E]
         self._acc = torch.zeros(count, width, dtype=torch.int64, device=device)
         self.counter = self._acc[:, 1 : self.num_experts + 1]
-        self._base = torch.arange(count, dtype=torch.int64, device=device) * width + 1
-        self._one = torch.ones(1, dtype=torch.int64, device=device)
+        self._ones = torch.ones(0, dtype=torch.int64, device=device)  # grown as folds need
         self._pending: list[tuple[int, torch.Tensor]] = []
-        self._rows_cache: dict[tuple[int, ...], torch.Tensor] = {}
+        self._in_order = tuple(range(count))
         self._overflow_copy: tuple[torch.Tensor, object] | None = None
         links = _links(model, [site.hooked_path for site in sites])
         self._links, self._link_paths = list(links.values()), list(links)
@@ -85,40 +88,50 @@ class Watch:
     def _fold(self) -> None:
         """Add the pending expert ids to the accumulator (device work only).
 
-        Key of an id of layer i: ``i * (E + 2) + 1 + clamp(id, -1, E)``, so ids below 0 land in
-        column 0 and ids >= E in column E + 1 of that layer's row. Pending tensors of one size
-        (the usual case: one forward's layers, or micro-batches of one shape) are stacked and
-        offset by broadcasting; otherwise each gets its offset expanded.
+        Pending tensors that are the L layers in order, all of one shape (one forward; r
+        micro-batches are r such runs) are stacked into ``[r, L, n]`` and each run is one
+        ``scatter_add_`` into all L rows; anything else (a layer skipped or called twice,
+        shapes that differ) is added tensor by tensor into its layer's row.
         """
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        rows = self._rows(tuple(i for i, _ in pending))  # [n] layer offsets
+        count = len(self.sites)
         tensors = [t for _, t in pending]
-        if len({t.shape for t in tensors}) == 1:
-            ids = torch.stack(tensors).view(len(tensors), -1).to(torch.int64)
-            key = ids.clamp_(-1, self.num_experts).add_(rows[:, None]).view(-1)
+        if (len(pending) % count == 0 and len({t.shape for t in tensors}) == 1
+                and tuple(i for i, _ in pending) == self._in_order * (len(pending) // count)):
+            runs = [(None, ids) for ids in torch.stack(tensors).view(-1, count, tensors[0].numel())]
         else:
-            ids = torch.cat([t.reshape(-1) for t in tensors]).to(torch.int64)
-            offsets = torch.cat([rows[j : j + 1].expand(t.numel())
-                                 for j, t in enumerate(tensors)])
-            key = ids.clamp_(-1, self.num_experts).add_(offsets)
-        flat = self._acc.view(-1)
-        if flat.is_cuda:  # torch.bincount on CUDA reads its bin count back to the host
-            flat.index_add_(0, key, self._one.expand(key.numel()))
-        else:
-            flat += torch.bincount(key, minlength=flat.numel())
+            runs = [(i, t.reshape(1, -1)) for i, t in pending]
+        try:
+            for layer, ids in runs:
+                self._scatter(layer, ids)
+        except RuntimeError:  # CPU: scatter_add_ found an index outside [0, E)
+            self._acc.zero_()
+            self._raise_overflow(self._out_of_range(pending))
+            raise
 
-    def _rows(self, layers: tuple[int, ...]) -> torch.Tensor:
-        """Device ``[n]`` int64 row offsets of ``layers``, built on the device from
-        ``_base`` (no host copy) once per distinct sequence (steps repeat the same one)."""
-        rows = self._rows_cache.get(layers)
-        if rows is None:
-            if len(self._rows_cache) >= 64:
-                self._rows_cache.clear()
-            rows = torch.cat([self._base[i : i + 1] for i in layers])
-            self._rows_cache[layers] = rows
-        return rows
+    def _scatter(self, layer: int | None, ids: torch.Tensor) -> None:
+        """Add ``ids`` (``[L, n]`` integer expert ids, row i of layer i, when ``layer`` is None,
+        else ``[1, n]`` of that layer) to the accumulator: one ``scatter_add_`` of ones."""
+        if self._ones.numel() < ids.numel():
+            self._ones = torch.ones(ids.numel(), dtype=torch.int64, device=self._device)
+        ones = self._ones[: ids.numel()].view(ids.shape)  # contiguous: scatter's fast path
+        if self._acc.is_cuda:  # clamped into the overflow columns: no device assert
+            target, index = self._acc, ids.clamp(-1, self.num_experts).to(torch.int64).add_(1)
+        else:  # scatter_add_ checks the range of every index on the CPU
+            target, index = self.counter, ids.to(torch.int64)
+        if layer is not None:
+            target = target[layer : layer + 1]
+        target.scatter_add_(1, index, ones)
+
+    def _out_of_range(self, pending: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+        """``[L, 2]`` host counts of ids < 0 and ids >= E per layer in ``pending``."""
+        counts = torch.zeros(len(self.sites), 2, dtype=torch.int64)
+        for layer, ids in pending:
+            counts[layer, 0] += int((ids < 0).sum())
+            counts[layer, 1] += int((ids >= self.num_experts).sum())
+        return counts
 
     # ------------------------------------------------------------------ step side
 
