@@ -55,12 +55,15 @@ def timeline_figure(spans: Spans) -> go.Figure:
                     customdata=np.stack([spans.step[m], spans.version[m]], axis=1),
                     hovertemplate=f"{name}<br>step %{{customdata[0]}} · version %{{customdata[1]}}"
                                   "<br>%{base:.2f}s + %{x:.2f}s<extra>%{y}</extra>")
-    for step in np.unique(spans.step):
-        m = spans.step == step
-        x = float(spans.start[m].min()) - t0
-        fig.add_vline(x=x, line_dash="dot", line_color="#999")
-        fig.add_annotation(x=x, y=1.02, yref="paper", showarrow=False, font={"size": 10},
-                           text=f"s{int(step)} v{int(spans.version[m].min())}")
+    steps = np.unique(spans.step)
+    order = np.lexsort((spans.start, spans.step))  # per step: its earliest span, and its lowest version
+    step_start = np.minimum.reduceat(spans.start[order], np.searchsorted(spans.step[order], steps)) - t0
+    step_version = np.minimum.reduceat(spans.version[order], np.searchsorted(spans.step[order], steps))
+    shapes = [{"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,
+               "line": {"dash": "dot", "color": "#999"}} for x in step_start.tolist()]
+    notes = [{"x": x, "y": 1.02, "yref": "paper", "showarrow": False, "font": {"size": 10}, "text": f"s{s} v{v}"}
+             for x, s, v in zip(step_start.tolist(), steps.tolist(), step_version.tolist(), strict=True)]
+    fig.update_layout(shapes=shapes, annotations=notes)
     fig.update_layout(title="timeline (colour: phase)", barmode="overlay", height=max(260, 22 * len(rows) + 90),
                       xaxis_title="seconds", yaxis={"categoryorder": "array", "categoryarray": rows[::-1]},
                       margin={"l": 130, "r": 10, "t": 50, "b": 40})
@@ -71,23 +74,23 @@ def binned_timeline_figure(labels: list[str], grid: Grid, seconds: np.ndarray) -
     """The timeline of a range too large for one bar per span: one row per device (``labels``
     [D], as :func:`device_label` writes them), one cell per time bin of ``grid``, coloured by the
     phase with the most seconds in it (``seconds`` float64 [D, B, P], from
-    ``timeline_bins.bin_spans``); hover: that phase's seconds and the busy share of the bin (the
-    sum of every phase's seconds over the bin width; overlapping spans can take it above 1)."""
+    ``timeline_bins.bin_spans``), white where the bin holds no span; hover: the busy share of
+    the bin (the sum of every phase's seconds over the bin width; overlapping spans can take it
+    above 1). Sent as int8 codes and float32 shares to keep the figure small."""
     if seconds.size == 0 or not seconds.any():
         return _empty("timeline: no spans")
-    top = tb.dominant(seconds)
-    z = np.where(top >= 0, top, np.nan)
-    top_s = np.take_along_axis(seconds, np.maximum(top, 0)[:, :, None].astype(np.int64), axis=2)[:, :, 0]
-    hover = np.stack([np.round(top_s, 2), np.round(seconds.sum(axis=2) / grid.width, 3)], axis=2)
+    top = tb.dominant(seconds)  # int8 [D, B], -1: no span (drawn white)
+    busy = (seconds.sum(axis=2) / grid.width).astype(np.float32)
     order = [labels.index(r) for r in device_rows(labels)][::-1]  # plotly draws row 0 at the bottom
-    n = len(PHASES)
-    scale = [x for i, name in enumerate(PHASES) for x in ((i / n, PHASE_COLORS[name]), ((i + 1) / n, PHASE_COLORS[name]))]
+    names = ("no span", *PHASES)
+    colors = ("#ffffff", *(PHASE_COLORS[p] for p in PHASES))
+    n = len(names)
+    scale = [x for i, c in enumerate(colors) for x in ((i / n, c), ((i + 1) / n, c))]
     x = (np.arange(grid.bins) + 0.5) * grid.width
     fig = go.Figure(go.Heatmap(
-        z=z[order], x=x, y=[labels[i] for i in order], customdata=hover[order], zmin=-0.5, zmax=n - 0.5,
-        colorscale=scale, colorbar={"title": "phase", "tickvals": list(range(n)), "ticktext": list(PHASES)},
-        hovertemplate="%{y} · %{x:.1f}s<br>phase #%{z} for %{customdata[0]}s<br>busy %{customdata[1]:.0%}"
-                      "<extra></extra>"))
+        z=top[order], x=x, y=[labels[i] for i in order], customdata=busy[order], zmin=-1.5, zmax=n - 1.5,
+        colorscale=scale, colorbar={"title": "phase", "tickvals": list(range(-1, n - 1)), "ticktext": list(names)},
+        hovertemplate="%{y} · %{x:.1f}s<br>phase #%{z} (colour bar)<br>busy %{customdata:.0%}<extra></extra>"))
     fig.update_layout(title=f"timeline, binned: {grid.bins} bins of {grid.width:.1f} s (colour: the phase with the "
                             "most time); pick a shorter range for one bar per span",
                       height=max(260, min(4 * len(labels), 900) + 90), xaxis_title="seconds",
