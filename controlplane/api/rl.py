@@ -1,5 +1,5 @@
-"""RL router: a job's phase spans, weight syncs, consumed batches, idle analysis and a
-Chrome-trace export, over a step range [step_start, step_end).
+"""RL router: a job's phase spans, a binned timeline, weight syncs, consumed batches, idle
+analysis and a Chrome-trace export, over a step range [step_start, step_end).
 
 Without a range the newest ``DEFAULT_STEPS`` steps with spans are read. A range with
 step_end <= step_start, or wider than ``MAX_STEPS``, is refused with 422.
@@ -17,11 +17,13 @@ from pydantic import BaseModel
 from moeplane.controlplane.api.deps import EngineDep
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
 from moeplane.controlplane.rl import idle
+from moeplane.controlplane.rl import timeline_bins as tb
 from moeplane.controlplane.rl.phases import PHASES, ROLES
 from moeplane.controlplane.rl.step_window import DEFAULT_STEPS, MAX_STEPS, step_window
 from moeplane.controlplane.rl.trace import chrome_trace
 from moeplane.controlplane.store import rl as store_rl
 from moeplane.controlplane.store.queries import require_job
+from moeplane.controlplane.store.rl_columns import read_timeline_columns
 
 router = APIRouter(prefix="/api/v1/jobs/{job_id}/rl", tags=["rl"])
 RESPONSES = NOT_FOUND | BAD
@@ -168,6 +170,52 @@ async def idle_analysis(engine: EngineDep, job_id: JobId, step_start: StepStart 
         "productive_s": rep.productive.sum(axis=1).tolist(), "sync_s": rep.sync.sum(axis=1).tolist(),
         "switch_s": rep.switch.sum(axis=1).tolist(), "idle_by_cause_s": rep.idle_cause.sum(axis=1).tolist(),
         "idle": rep.idle.tolist(),
+    }
+
+
+class TimelineBins(BaseModel):
+    """The range's spans binned device x time (:mod:`moeplane.controlplane.rl.timeline_bins`):
+    row d is rank ``ranks[d]`` (-1: the job's per-step timers) of role ``roles[d]``; bin b
+    covers [t0 + b*width_s, t0 + (b+1)*width_s) (unix s); ``dominant[d][b]`` indexes ``phases``
+    (the phase with the most seconds in that cell; -1: no span); ``busy_s[d][b]`` the seconds of
+    every phase in it (overlapping spans both count)."""
+
+    job_id: str
+    step_start: int
+    step_end: int
+    spans: int
+    t0: float
+    width_s: float
+    bins: int
+    phases: list[str]
+    ranks: list[int]
+    roles: list[str]
+    dominant: list[list[int]]
+    busy_s: list[list[float]]
+
+
+Bins = Annotated[int, Query(ge=1, le=5_000, description="time bins over the range")]
+
+
+@router.get("/timeline", response_model=TimelineBins, responses=RESPONSES)
+async def timeline(engine: EngineDep, job_id: JobId, step_start: StepStart = None, step_end: StepEnd = None,
+                   bins: Bins = 600) -> dict:
+    """A timeline of any size: the spans of the range binned per device into ``bins`` equal
+    time bins (a column read and numpy; for one row per span, see ``/spans``)."""
+
+    def run():
+        lo, hi = step_range(engine, job_id, step_start, step_end)
+        cols = read_timeline_columns(engine, job_id, lo, hi)
+        grid = tb.grid_over(cols.start, cols.end, bins)
+        return lo, hi, cols, grid, tb.bin_spans(cols.device, cols.phase, cols.start, cols.end, grid,
+                                                devices=cols.ranks.size)
+
+    lo, hi, cols, grid, seconds = await asyncio.to_thread(run)
+    return {
+        "job_id": job_id, "step_start": lo, "step_end": hi, "spans": int(cols.phase.size), "t0": grid.t0,
+        "width_s": grid.width, "bins": grid.bins, "phases": list(PHASES), "ranks": cols.ranks.tolist(),
+        "roles": [ROLES[c] for c in cols.roles.tolist()], "dominant": tb.dominant(seconds).tolist(),
+        "busy_s": seconds.sum(axis=2).tolist(),
     }
 
 
