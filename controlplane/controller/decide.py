@@ -26,6 +26,7 @@ import numpy as np
 
 from moeplane.controlplane.balancing import (
     count_moves,
+    ema_forecast,
     plan_placement,
 )
 from moeplane.controlplane.balancing.prediction import expected_balancedness, measured_steps
@@ -157,8 +158,9 @@ def decide(
 
 
 def ema(window: np.ndarray, alpha: float = 0.3) -> np.ndarray:
-    """Exponential moving average over steps: ``window [W, L, E]`` oldest first -> ``[L, E]``."""
-    out = window[0].astype(np.float64)
-    for w in window[1:]:
-        out = alpha * w + (1 - alpha) * out
-    return out
+    """The planner's input: the exponential moving average of ``window [W, L, E]`` (oldest
+    first) -> float64 ``[L, E]`` (``balancing.ema_forecast``). Replayed on the drifting traces
+    and a real run (``benchmarks/replay_forecast.py``, docs/bench-routing.md), alpha 0.3 ties
+    EMA 0.5 and the forecaster chosen by one-step-ahead error, and beats the window's mean and
+    Holt's trend."""
+    return ema_forecast(window, alpha=alpha)
