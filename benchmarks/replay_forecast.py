@@ -2,7 +2,7 @@
 (``moeplane.controlplane.controller.replay.replay_trace``, default ``RebalancePolicy``) with
 each candidate as its planner input, on the drifting traces and a real tiny-MoE run.
 
-    PYTHONPATH=. .venv/bin/python -m benchmarks.replay_forecast [--train-trace T.npy]
+    .venv/bin/python -m benchmarks.replay_forecast [--train-trace T.npy]
 
 Candidates, each a function of the controller's window (the last ``window_steps`` = 20 steps,
 ``[W, L, E]``): ``mean`` (the window's mean), ``ema 0.3`` (the runner's ``decide.ema``),
