@@ -66,9 +66,7 @@ class Controller(ReconcileLoop):
             return None
         geo = placement.geometry
         world, slots, nodes = geo.ranks, geo.slots_per_rank, geo.nodes
-        groups = job.get("groups")
-        if groups and job.get("ranks_per_node"):  # the spec's nodes (ingest checked that they divide the ranks and the groups)
-            nodes = world // job["ranks_per_node"]
+        groups = job.get("groups")  # geometry's nodes are then the spec's (one node per group set)
         now = self.clock()
         # plan rows without their [L, G*S] placement (3.8 MB at 58x8192) on every tick
         running = P.latest_plan(self.engine, job_id, (Status.APPLIED,), with_placement=False)

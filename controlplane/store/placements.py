@@ -6,7 +6,9 @@ Rules, written once:
 
 - geometry: L layers and E experts from the job row; G ranks from the job's ``world_size``,
   else the ranks its nodes announced; S from ``slots_per_rank`` when G*S holds every expert,
-  else ``ceil(E / G)``; nodes: the job's node count when it divides G, else 1;
+  else ``ceil(E / G)``; nodes: for a job with ``groups``, ``world_size / ranks_per_node`` (the
+  spec's nodes, each group kept on one: ingest checked that they fit), else the job's node
+  count when it divides G, else 1;
 - running now: the newest plan with status applied; before the first one, or when that plan
   does not fit the geometry's L and E, the identity placement (slot s holds expert s % E);
 - at step s: the plan with the largest ``applied_step`` <= s among plans that ran (applied or
@@ -89,6 +91,9 @@ def geometry(engine: Engine, job: dict, shape: tuple[int, int] | None = None) ->
     slots = job.get("slots_per_rank")
     if not slots or slots * world < experts:
         slots = math.ceil(experts / world)
+    per_node = job.get("ranks_per_node")
+    if job.get("groups") and per_node and world % per_node == 0:
+        n_nodes = world // per_node
     return Geometry(int(layers), int(experts), int(world), int(slots),
                     n_nodes if n_nodes and world % n_nodes == 0 else 1)
 

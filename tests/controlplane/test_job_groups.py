@@ -58,6 +58,18 @@ def refused(port: int, msg: pb.AgentMessage) -> tuple[grpc.StatusCode, str]:
     return aio.run(script())
 
 
+def assert_groups_kept(plan: pb.PlacementPlan) -> None:
+    phy2log = decode_full(plan).astype(np.int64)
+    assert phy2log.shape == (L, G * S)
+    where = nodes_of_groups(phy2log)
+    assert all(len(nodes) == 1 for row in where for nodes in row), where
+    for row in where:  # K / N groups on each node
+        assert np.bincount([min(n) for n in row], minlength=2).tolist() == [2, 2]
+    # the identity placement it replaced split groups 0 and 1 over both nodes
+    ident = np.tile(np.arange(G * S) % E, (L, 1))
+    assert any(len(n) == 2 for row in nodes_of_groups(ident) for n in row)
+
+
 def test_plans_of_a_job_with_groups_keep_each_group_on_one_node(database_url):
     from tests.controlplane.serverthread import running_server
 
@@ -81,20 +93,31 @@ def test_plans_of_a_job_with_groups_keep_each_group_on_one_node(database_url):
                 a0.send(loads(1 + i, step, c // 2, ts=1000.0 + step))
                 a1.send(loads(1 + i, step, c - c // 2, ts=1000.0 + step, ranks=(2, 3)))
             aio.run(a0.wait_for(lambda _r: plans_of(a0), timeout=30))
-            plan = plans_of(a0)[0]
-            phy2log = decode_full(plan).astype(np.int64)
-            assert phy2log.shape == (L, G * S)
-            where = nodes_of_groups(phy2log)
-            assert all(len(nodes) == 1 for row in where for nodes in row), where
-            for row in where:  # K / N groups on each node
-                assert np.bincount([min(n) for n in row], minlength=2).tolist() == [2, 2]
-            # the identity placement it replaced split groups 0 and 1 over both nodes
-            ident = np.tile(np.arange(G * S) % E, (L, 1))
-            assert any(len(n) == 2 for row in nodes_of_groups(ident) for n in row)
+            assert_groups_kept(plans_of(a0)[0])
         finally:
             aio.run(a0.__aexit__(None, None, None))
             aio.run(a1.__aexit__(None, None, None))
             http.close()
+
+
+def test_the_nodes_of_a_job_with_groups_are_the_specs_not_its_agents(tmp_path):
+    """One agent announcing all four ranks: the spec's ranks_per_node = 2 still makes two
+    nodes, and the plans keep each group on one of them."""
+    from tests.controlplane.serverthread import running_server
+
+    with running_server(f"sqlite:///{tmp_path / 'one.sqlite'}", controller_interval_s=0.05) as srv:
+        agent = ScriptedAgent(srv["grpc_port"], "node-0")
+        aio.run(agent.__aenter__())
+        try:
+            msg = job_hello("node-0", [0, 1])
+            msg.hello.ranks[:] = [0, 1, 2, 3]
+            agent.send(msg)
+            for i, step in enumerate(range(6)):
+                agent.send(loads(1 + i, step, skewed(step), ts=1000.0 + step, ranks=(0, 1, 2, 3)))
+            aio.run(agent.wait_for(lambda _r: plans_of(agent), timeout=30))
+            assert_groups_kept(plans_of(agent)[0])
+        finally:
+            aio.run(agent.__aexit__(None, None, None))
 
 
 def test_the_first_hello_with_groups_that_do_not_fit_ends_the_stream(tmp_path):
