@@ -141,15 +141,18 @@ def routing_table(phy2log: np.ndarray, *, gpus: int, num_experts: int) -> Routin
     rep_pairs = np.flatnonzero(rep)
     bucket_order = rep_pairs[np.argsort(width[rep_pairs], kind="stable")]
     col = np.empty(upair.size, dtype=np.int64)
-    firsts = np.searchsorted(pair_expert, pair_expert)
-    col[:] = np.arange(upair.size) - firsts
+    index = np.arange(upair.size)
+    firsts = np.maximum.accumulate(np.where(_starts(pair_expert), index, 0))  # ascending
+    col[:] = index - firsts
     buckets = []
     pair_index = np.full(upair.size, -1, dtype=np.int64)
     pieces, offset = [], 0
-    for wdt in np.unique(width[rep_pairs]):
+    for wdt in _sorted_unique(width[bucket_order]):
         members = bucket_order[width[bucket_order] == wdt]
-        experts_b = np.unique(pair_expert[members])
-        row = np.searchsorted(experts_b, pair_expert[members])
+        mine = pair_expert[members]  # ascending: members ascend within a width
+        first = _starts(mine)
+        experts_b = mine[first]
+        row = np.cumsum(first) - 1
         block = np.full((experts_b.size, int(wdt)), num_layers * gpus, dtype=np.int64)
         block[row, col[members]] = pair_gpu[members]
         pair_index[members] = offset + row * int(wdt) + col[members]
@@ -179,6 +182,16 @@ def routing_table(phy2log: np.ndarray, *, gpus: int, num_experts: int) -> Routin
         entry_row=_rows(buckets),
         buckets=tuple((lo, hi, wdt) for lo, hi, wdt, _ in buckets),
     )
+
+
+def _starts(x: np.ndarray) -> np.ndarray:
+    """bool ``[n]``: where ascending ``x [n]`` takes a new value."""
+    return np.r_[True, x[1:] != x[:-1]] if x.size else np.zeros(0, dtype=bool)
+
+
+def _sorted_unique(x: np.ndarray) -> np.ndarray:
+    """The distinct values of ascending ``x`` (``np.unique`` without its sort or hash)."""
+    return x[_starts(x)]
 
 
 def _rows(buckets) -> np.ndarray:
