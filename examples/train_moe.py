@@ -122,6 +122,8 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--experts", type=int, default=16)
     p.add_argument("--top-k", type=int, default=2)
+    p.add_argument("--groups", type=int, default=0,
+                   help="expert groups K the control plane keeps each on one node (0: none)")
     p.add_argument("--slots-per-rank", type=int, default=0,
                    help="physical expert slots per rank (default: experts/world + 1)")
     p.add_argument("--d-model", type=int, default=64)
@@ -178,7 +180,8 @@ def main(argv=None) -> None:
     applier = PlanApplier(blocks, opt, job_id=args.job_id, epoch=0)
     job = pb.JobSpec(job_id=args.job_id, layers=args.layers, experts=args.experts,
                      top_k=args.top_k, world_size=world, slots_per_rank=args.slots_per_rank,
-                     ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+                     ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+                     groups=args.groups)
     offload = None
     if args.memory_offload:
         offload = MemoryOffload(

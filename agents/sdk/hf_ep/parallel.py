@@ -138,13 +138,17 @@ class ExpertParallel:
         """Call on every rank after each step when plans come from the control plane."""
         return self.applier.step_boundary(step)
 
-    def job_spec(self, job_id: str, ranks_per_node: int | None = None) -> pb.JobSpec:
-        """The job's shape for the :class:`~moeplane.agents.sdk.reporter.Reporter`."""
+    def job_spec(self, job_id: str, ranks_per_node: int | None = None,
+                 groups: int = 0) -> pb.JobSpec:
+        """The job's shape for the :class:`~moeplane.agents.sdk.reporter.Reporter`;
+        ``groups`` = K (e.g. a DeepSeek-V3 config's ``n_group``) keeps each expert group's
+        replicas on one node in the job's plans (0: none)."""
         if ranks_per_node is None:
             ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         return pb.JobSpec(job_id=job_id, layers=self.layers, experts=self.experts,
                           top_k=self.top_k, world_size=self.world_size,
-                          slots_per_rank=self.slots_per_rank, ranks_per_node=ranks_per_node)
+                          slots_per_rank=self.slots_per_rank, ranks_per_node=ranks_per_node,
+                          groups=groups)
 
     def connect(self, reporter, optimizer=None) -> None:
         """Take plans from ``reporter`` (built on :attr:`counter`) and report back through it.
