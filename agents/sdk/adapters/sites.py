@@ -37,6 +37,9 @@ class WatchError(ValueError):
 #: kind of a routing tensor: "ids" = integer expert ids of any shape (each element one token
 #: routed to one expert); "mask" = bool [T, E] routing map; "counts" = [E] tokens per expert.
 KINDS = ("ids", "mask", "counts")
+#: dtypes of expert ids (one set lookup per hook call)
+INTEGER_DTYPES = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                            torch.uint16, torch.uint32, torch.uint64})
 
 
 @dataclass
@@ -64,14 +67,15 @@ class Site:
 
     def install(self, layer: int, record: Callable[[int, torch.Tensor, str], None]):
         """Register the hook; ``record(layer, tensor, kind)`` gets each forward's routing."""
+        read, kind = self.read, self.kind
         if self.pre:
             def pre_hook(module, args, kwargs):
-                record(layer, self.read(args, kwargs, None), self.kind)
+                record(layer, read(args, kwargs, None), kind)
 
             return self.module.register_forward_pre_hook(pre_hook, with_kwargs=True)
 
         def hook(module, args, kwargs, output):
-            record(layer, self.read(args, kwargs, output), self.kind)
+            record(layer, read(args, kwargs, output), kind)
 
         return self.module.register_forward_hook(hook, with_kwargs=True)
 
@@ -81,7 +85,7 @@ def check_ids(path: str, ids, what: str, top_k: int | None = None) -> torch.Tens
     WatchError naming ``path`` and ``what`` (the argument or output it came from)."""
     if not isinstance(ids, torch.Tensor):
         raise WatchError(f"{path}: {what} is {type(ids).__name__}, expected an integer tensor")
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+    if ids.dtype not in INTEGER_DTYPES:
         raise WatchError(f"{path}: {what} has dtype {ids.dtype}, expected an integer dtype")
     if ids.dim() != 2 or (top_k is not None and ids.shape[-1] != top_k):
         want = f"[tokens, {top_k}]" if top_k is not None else "[tokens, top_k]"
