@@ -157,8 +157,10 @@ def history_shown(driver, job: str) -> bool:
 
 
 def rl_shown(driver, job: str) -> bool:
+    """The timeline, the summary and the MoE policy's loads by phase (rollout and training)."""
     return bool((figure(driver, "rl-timeline") or {}).get("data")) and bool(
-        text_of(driver, "rl-summary"))
+        text_of(driver, "rl-summary")) and len((figure(driver, "rl-loads") or {}).get(
+            "data") or []) >= 2
 
 
 SHOWN = {"experts": experts_shown, "plans": plans_shown, "memory": memory_shown,
