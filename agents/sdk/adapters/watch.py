@@ -145,9 +145,8 @@ class Watch:
         Called by the Reporter at each ``end_step`` (:meth:`Reporter.bind_counter`).
         """
         self._check_layers()
-        self._fold()
+        self._fold()  # on the CPU it raises on out-of-range ids itself
         if not self._acc.is_cuda:
-            self._raise_overflow(self._take_overflow())
             return
         if self._overflow_copy is not None:
             host, event = self._overflow_copy
@@ -174,6 +173,10 @@ class Watch:
         model's MoE layers changed since :func:`attach`."""
         self._check_layers()
         self._fold()
+        if not self._acc.is_cuda:  # out-of-range ids stopped the fold: no overflow columns
+            counts = self.counter.clone()  # [L, E], contiguous
+            self._acc.zero_()
+            return counts
         full = self._acc.to("cpu", copy=True)
         self._acc.zero_()
         self._raise_overflow(full[:, 0 :: self.num_experts + 1])
