@@ -292,6 +292,16 @@ def drift_and_noise(window: np.ndarray) -> tuple[float, np.ndarray]:
     return float(drift), c0 + c1 * inv
 
 
+def _same_totals(h: np.ndarray) -> np.ndarray:
+    """``h [T, L, E]`` with each step's tokens of a layer rescaled to that layer's mean total
+    over the steps: only the shares of the experts matter to balancedness, and a step read
+    while some nodes had not reported yet holds part of its tokens."""
+    totals = h.sum(axis=2, keepdims=True)  # [T, L, 1]
+    scale = np.divide(totals.mean(axis=0, keepdims=True), totals, out=np.ones_like(totals),
+                      where=totals > 0)
+    return h * scale
+
+
 def expected_balancedness(
     window: np.ndarray,
     placements: list[np.ndarray],
@@ -311,14 +321,16 @@ def expected_balancedness(
     The draws follow ``drift_and_noise``: a step d ahead is ``exp(mu + s_d * z) - 1``, ``mu``
     the EMA (``alpha``) of the window's log-loads, ``z`` standard normal (seeded) and ``s_d^2``
     the variance of that step's log-load about ``mu``: the drift over d steps and over the
-    EMA's own lag, the step's noise and the noise left in the EMA. Every placement is scored
-    on the same draws. Scoring a placement on the steps it was fitted to instead promises
+    EMA's own lag, the step's noise and the noise left in the EMA. Each step's tokens of a
+    layer are first rescaled to the window's mean total (a step read before every node
+    reported holds part of its tokens). Every placement is scored on the same draws. Scoring a placement on the steps it was fitted to instead promises
     too much when loads drift: the job measures it on later steps."""
     h = _check_history(window)
     alpha = _check_alpha(alpha)
     samples = check_count("samples", samples)
     if not ahead or min(ahead) < 1:
         raise ValueError(f"ahead must be steps >= 1, got {ahead!r}")
+    h = _same_totals(h)
     drift, noise = drift_and_noise(h)
     y = np.log1p(h)[::-1]  # newest first
     w = _weights(len(y), alpha)

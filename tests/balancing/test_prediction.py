@@ -190,3 +190,13 @@ def test_without_drift_the_prediction_is_the_steps_own_balancedness():
 def test_expected_balancedness_validation(kwargs, name):
     with pytest.raises(ValueError, match=name):
         expected_balancedness(np.ones((3, 1, 4)), [identity_placement(1, 4, 4)], gpus=2, **kwargs)
+
+
+def test_a_step_read_before_every_node_reported_does_not_move_the_prediction():
+    trace = workload_trace(20, 4, 32, gpus=8, top_k=4)
+    p2l = plan_placement(ema_forecast(trace, alpha=0.3), gpus=8, slots_per_gpu=5).phy2log
+    partial = trace.copy()
+    partial[-1] = np.rint(partial[-1] / 4)  # one node of four so far: the same shares, fewer tokens
+    (whole,) = expected_balancedness(trace, [p2l], gpus=8)
+    (part,) = expected_balancedness(partial, [p2l], gpus=8)
+    assert abs(part.mean() - whole.mean()) < 0.01 * whole.mean()
