@@ -1,19 +1,20 @@
 """``moeplane replay``: what would the controller have done on this trace (or this job)?
 
     moeplane replay (--trace TRACE.npy | --job JOB [--database-url URL])
-                    --gpus G --slots-per-gpu S [--nodes N] [--groups K] [--expert-bytes B]
+                    [--gpus G --slots-per-gpu S] [--nodes N] [--groups K] [--expert-bytes B]
                     [--bandwidth INTRA,CROSS] [--warmup W] [--report R.json]
 
 TRACE.npy: ``[steps, layers, experts]`` tokens (integer or float, >= 0); ``--job`` reads the
-job's stored per-step loads instead. Runs the controller's own decision code step by step with
-the replayed job's clock (``moeplane.controlplane.controller.replay``) beside EPLB re-planned
-every 10 and every 50 steps, EPLB's plan tuned once, and the per-step oracle, all in the same
-run; prints one line per policy and writes the report (time per step, stall, plans, moves,
-expert time of every step, speed-ups). ``--bandwidth``: bytes/s per rank within a node and
-across nodes. ``--groups K``: experts ``g*E/K .. (g+1)*E/K-1`` form group g and every
-replica of a group stays on one node (EPLB is then its hierarchical policy); with ``--job``
-the default is the job's own ``groups``. Bad input: exit status 2 and one line on stderr
-naming what is wrong.
+job's stored per-step loads instead, and takes the job's G, S, nodes and groups as the
+controller sees them for defaults (``--gpus`` and ``--slots-per-gpu`` are required with
+``--trace``). Runs the controller's own decision code step by step with the replayed job's
+clock (``moeplane.controlplane.controller.replay``) beside EPLB re-planned every 10 and every
+50 steps, EPLB's plan tuned once, and the per-step oracle, all in the same run; prints one line
+per policy and writes the report (time per step, stall, plans, moves, expert time of every
+step, speed-ups). ``--bandwidth``: bytes/s per rank within a node and across nodes.
+``--groups K``: experts ``g*E/K .. (g+1)*E/K-1`` form group g and every replica of a group
+stays on one node (EPLB is then its hierarchical policy). Bad input: exit status 2 and one
+line on stderr naming what is wrong.
 """
 
 from __future__ import annotations
@@ -36,9 +37,12 @@ def register(subparsers) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="TRACE.npy, [steps, layers, experts] tokens")
     src.add_argument("--job", help="a stored job: replay its recorded loads")
-    p.add_argument("--gpus", required=True, type=int, help="expert-parallel GPUs G")
-    p.add_argument("--slots-per-gpu", required=True, type=int, help="expert slots S per GPU")
-    p.add_argument("--nodes", type=int, default=1, help="nodes the GPUs span (default 1)")
+    p.add_argument("--gpus", type=int,
+                   help="expert-parallel GPUs G (required with --trace; default: the job's)")
+    p.add_argument("--slots-per-gpu", type=int,
+                   help="expert slots S per GPU (required with --trace; default: the job's)")
+    p.add_argument("--nodes", type=int,
+                   help="nodes the GPUs span (default 1, or the job's)")
     p.add_argument("--groups", type=int,
                    help="expert groups K, each kept on one node (default: none, or the job's)")
     p.add_argument("--expert-bytes", type=int, help="bytes per expert copy (default: policy's)")
@@ -68,31 +72,36 @@ def _trace_file(path: str):
 
 
 def job_trace(database_url: str, job: str):
-    """``(loads [steps, L, E] int64, groups)`` of a stored job: every stored step's global
-    loads, oldest first, and the job's ``groups`` (None: none). ``_BadInput`` for an unknown
-    job or one without loads."""
+    """``(loads [steps, L, E] int64, shape)`` of a stored job: every stored step's global
+    loads, oldest first, and ``shape`` {"gpus", "slots_per_gpu", "nodes", "groups"} of the
+    job as the controller sees it (``store.placements.geometry``; groups None: none).
+    ``_BadInput`` for an unknown job or one without loads."""
     import numpy as np
 
     from moeplane.controlplane.store import queries as q
     from moeplane.controlplane.store.engine import make_engine
+    from moeplane.controlplane.store.placements import geometry
 
     engine = make_engine(database_url)
     rows, step = [], 0
     try:
-        groups = q.get_job(engine, job).get("groups")
+        row = q.get_job(engine, job)
         while True:
             page = q.loads_history(engine, job, q.Range(step_start=step, limit=q.MAX_LIMIT))
             rows += page
             if len(page) < q.MAX_LIMIT:
                 break
             step = page[-1]["step"] + 1
+        if not rows:
+            raise _BadInput(f"--job: job {job!r} has no stored loads")
+        trace = np.stack([r["counts"] for r in rows]).astype(np.int64)
+        geo = geometry(engine, row, shape=trace.shape[1:])
     except q.NotFound:
         raise _BadInput(f"--job: no job {job!r} in the database") from None
     finally:
         engine.dispose()
-    if not rows:
-        raise _BadInput(f"--job: job {job!r} has no stored loads")
-    return np.stack([r["counts"] for r in rows]).astype(np.int64), groups
+    return trace, {"gpus": geo.ranks, "slots_per_gpu": geo.slots_per_rank, "nodes": geo.nodes,
+                   "groups": row.get("groups")}
 
 
 def _job_trace(args):
@@ -170,16 +179,24 @@ def run(args: argparse.Namespace) -> int:
     from moeplane.controlplane.controller.replay import replay_trace
 
     try:
-        raw, groups = (_trace_file(args.trace), None) if args.trace else _job_trace(args)
-        trace = check_trace(raw, args.gpus, args.slots_per_gpu, args.nodes, args.warmup)
-        groups = check_groups(args.groups if args.groups is not None else groups,
-                              trace.shape[2], args.gpus, args.slots_per_gpu, args.nodes)
+        raw, job = (_trace_file(args.trace), {"nodes": 1}) if args.trace else _job_trace(args)
+        given = {"gpus": args.gpus, "slots_per_gpu": args.slots_per_gpu, "nodes": args.nodes,
+                 "groups": args.groups}
+        shape = job | {k: v for k, v in given.items() if v is not None}
+        for name in ("gpus", "slots_per_gpu"):
+            if name not in shape:
+                raise _BadInput(f"--{name.replace('_', '-')}: required with --trace")
+        gpus, spg, nodes = shape["gpus"], shape["slots_per_gpu"], shape["nodes"]
+        trace = check_trace(raw, gpus, spg, nodes, args.warmup)
+        groups = check_groups(shape.get("groups"), trace.shape[2], gpus, spg, nodes)
         policy = _policy(args)
     except _BadInput as exc:
         print(f"moeplane replay: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    report = replay_trace(trace, gpus=args.gpus, slots_per_gpu=args.slots_per_gpu,
-                          nodes=args.nodes, policy=policy, warmup=args.warmup, groups=groups)
+    report = replay_trace(trace, gpus=gpus, slots_per_gpu=spg, nodes=nodes, policy=policy,
+                          warmup=args.warmup, groups=groups)
+    print(f"replayed {report['steps']} steps on {gpus} GPUs x {spg} slots, {nodes} node(s)"
+          + (f", {groups} groups" if groups else ""))
     for name, r in report["policies"].items():
         print(f"{name:>10}: {r['total_s_per_step']:.4f} s/step (expert {r['expert_s_per_step']:.4f}"
               f", stall {r['stall_s_per_step']:.4f}), {r['plans']} plans, {r['moves']} moves")

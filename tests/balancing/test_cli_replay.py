@@ -108,3 +108,35 @@ def test_a_job_without_stored_loads_exits_2(tmp_path):
         res = run_replay("--job", job, "--database-url", url, "--gpus", 4, "--slots-per-gpu", 5)
         assert res.returncode == 2
         assert res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
+
+
+def test_a_stored_job_is_replayed_on_its_own_geometry_and_groups(tmp_path):
+    from moeplane.controlplane.store.records import HelloRecord, JobRecord, LoadsRecord
+    from moeplane.controlplane.store.writes import StoreWriter
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    migrate.upgrade(url, "head")
+    engine = sa.create_engine(url)
+    loads = np.rint(drifting_trace(30, 2, 16, tokens_per_layer=8000, seed=3, drift=0.05))
+    writer = StoreWriter(engine)
+    for node, ranks in (("n0", (0, 1)), ("n1", (2, 3))):
+        writer.register_hello(HelloRecord(node, "h", "v", "grouped", ranks, (), JobRecord(
+            "grouped", layers=2, experts=16, world_size=4, slots_per_rank=5, ranks_per_node=2,
+            groups=4), 1.0))
+    writer.write([LoadsRecord("n0", 1 + i, "grouped", i, 1.0 + i, (0, 1, 2, 3), (),
+                              loads[i].astype(np.int64)) for i in range(30)])
+    engine.dispose()
+    report = tmp_path / "r.json"
+    res = run_replay("--job", "grouped", "--database-url", url, "--report", report)
+    assert res.returncode == 0, res.stderr
+    assert "on 4 GPUs x 5 slots, 2 node(s), 4 groups" in res.stdout
+    rep = json.loads(report.read_text())
+    assert rep["groups"] == 4 and rep["steps"] == 10
+    # the same as the trace replayed with that geometry given
+    trace = save(tmp_path, loads.astype(np.int64))
+    res = run_replay("--trace", trace, "--gpus", 4, "--slots-per-gpu", 5, "--nodes", 2,
+                     "--groups", 4, "--report", tmp_path / "t.json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads((tmp_path / "t.json").read_text())["policies"] == rep["policies"]
+    res = run_replay("--trace", trace, "--slots-per-gpu", 5)
+    assert res.returncode == 2 and "--gpus: required with --trace" in res.stderr
