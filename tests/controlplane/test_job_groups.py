@@ -153,3 +153,19 @@ def test_groups_that_do_not_fit_the_job_are_refused_naming_job_groups(kw, proble
 def test_a_spec_with_groups_that_fit_is_recorded():
     assert hello_record(spec(), 1.0).job.groups == K
     assert hello_record(spec(groups=0), 1.0).job.groups is None
+
+
+def test_decide_with_groups_and_a_move_budget_holds_naming_groups():
+    from moeplane.controlplane.controller.decide import Action, decide, ema
+    from moeplane.controlplane.domain.rebalance_policy import RebalancePolicy
+
+    window = np.stack([skewed(s) for s in range(6)]).astype(np.float64)
+    ident = np.tile(np.arange(G * S) % E, (L, 1))
+    common = dict(recent_balancedness=np.full(6, 2.0), predicted=ema(window), current=ident,
+                  world_size=G, slots_per_rank=S, nodes=2, step_time_s=1.0, now=100.0,
+                  last_plan_at=None, window=window, groups=K)
+    d = decide(policy=RebalancePolicy(max_moves=4), **common)
+    assert d.action == Action.HOLD and "groups = 4" in d.reason and "max_moves" in d.reason
+    d = decide(policy=RebalancePolicy(), **common)
+    assert d.action == Action.REBALANCE, d.reason
+    assert all(len(n) == 1 for row in nodes_of_groups(d.phy2log) for n in row)
