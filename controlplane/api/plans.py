@@ -220,6 +220,7 @@ async def dry_run(job_id: JobId, engine: EngineDep, placements: PlacementsDep,
             loads, gpus=world, slots_per_gpu=slots, nodes=nodes,
             current=current if body.incremental else None,
             max_moves=body.max_moves if body.incremental else None, search=body.search,
+            groups=job.get("groups") or None,
         )
         from moeplane.controlplane.balancing import balancedness, count_moves
 

@@ -94,6 +94,11 @@ def test_plans_of_a_job_with_groups_keep_each_group_on_one_node(database_url):
                 a1.send(loads(1 + i, step, c - c // 2, ts=1000.0 + step, ranks=(2, 3)))
             aio.run(a0.wait_for(lambda _r: plans_of(a0), timeout=30))
             assert_groups_kept(plans_of(a0)[0])
+            # a dry run of the planner for this job keeps them too
+            r = http.post("/jobs/job-1/plans/dry-run", json={"steps": 3, "incremental": False})
+            assert r.status_code == 200, r.text
+            where = nodes_of_groups(np.array(r.json()["phy2log"]))
+            assert all(len(nodes) == 1 for row in where for nodes in row), where
         finally:
             aio.run(a0.__aexit__(None, None, None))
             aio.run(a1.__aexit__(None, None, None))
