@@ -41,6 +41,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "dashboard": [PY, "-m", "benchmarks.dashboard", "--reps", "5", "--out", "benchmarks/results/dashboard.md"],
     "history": [PY, "benchmarks/history_storage.py", "--nodes", "8", "--seconds", "3600"],
     "rl": [PY, "-m", "benchmarks.rl_ingest", "--steps", "8", "--step-time", "2", "--out", "benchmarks/results/rl.md"],
+    "rl_render": [PY, "-m", "benchmarks.rl_render", "--reps", "3", "--json", "benchmarks/results/rl_render.json"],
 }
 
 

@@ -2,8 +2,9 @@
 straight into numpy.
 
 PostgreSQL: ``COPY (SELECT ...) TO STDOUT (FORMAT binary)``, whose rows of fixed-width,
-non-null columns are parsed with one ``numpy.frombuffer``; SQLite: one ``fetchall``. Both use
-the ``ix_rl_spans_job_step`` index (job_id, step).
+non-null columns are parsed with one ``numpy.frombuffer``; SQLite: one ``fetchall`` of plain
+tuples. The ``ix_rl_spans_job_step`` index (job_id, step) finds the rows (PostgreSQL scans the
+table instead when the range holds most of it).
 """
 
 from __future__ import annotations
@@ -59,11 +60,10 @@ def read_timeline_columns(engine: Engine, job_id: str, step_start: int, step_end
 def _read_pg(engine: Engine, job_id: str, step_start: int, step_end: int):
     sql = f"COPY ({_SQL.format(job='%s', lo='%s', hi='%s')}) TO STDOUT (FORMAT binary)"
     buf = bytearray()
-    with engine.connect() as conn:
-        cur = conn.connection.driver_connection.cursor()
-        with cur.copy(sql, (job_id, int(step_start), int(step_end))) as copy:
-            for chunk in copy:
-                buf += chunk
+    with (engine.connect() as conn, conn.connection.driver_connection.cursor() as cur,
+          cur.copy(sql, (job_id, int(step_start), int(step_end))) as copy):
+        for chunk in copy:  # one row per chunk
+            buf += chunk
     rows = np.frombuffer(buf, dtype=_PG_ROW, offset=_PG_HEADER, count=(len(buf) - _PG_HEADER - 2) // _PG_ROW.itemsize)
     return (rows["rank"].astype(np.int32), rows["role"].astype(np.int8), rows["phase"].astype(np.int8),
             rows["start"].astype(np.float64), rows["end"].astype(np.float64))
