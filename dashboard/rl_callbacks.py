@@ -1,6 +1,7 @@
 """RL page: layout and callbacks. A step-range picker (blank: the newest ``STEPS`` steps, live)
 chooses the steps [lo, hi) that the timeline, the per-step bars, the idle heatmap, the tail,
-staleness and weight-sync figures and the Perfetto / Chrome-trace link show, read through
+staleness and weight-sync figures and the Perfetto / Chrome-trace link (``TRACE_PATH``, served by
+the dashboard so that its login covers it; the same JSON as REST ``/rl/trace``) show, read through
 ``moeplane.controlplane.store`` (what REST ``/rl/...`` serves); figures are re-drawn only when
 the range or the newest step in it changes.
 
@@ -16,14 +17,18 @@ Element ids: ``rl-from``, ``rl-to``, ``rl-apply``, ``rl-range-status``, ``rl-tra
 
 from __future__ import annotations
 
+import json
 from urllib.parse import quote
 
+import flask
 from dash import Input, Output, State, ctx, dcc, html, no_update
 from sqlalchemy.engine import Engine
 
 from moeplane.controlplane.rl import idle
 from moeplane.controlplane.rl import timeline_bins as tb
 from moeplane.controlplane.rl.step_window import MAX_STEPS, newest_within, step_window
+from moeplane.controlplane.rl.trace import chrome_trace
+from moeplane.controlplane.store import queries as q
 from moeplane.controlplane.store import rl as store_rl
 from moeplane.controlplane.store import rl_columns
 from moeplane.dashboard import rl_loads
@@ -94,8 +99,39 @@ def timeline(engine: Engine, job_id: str, lo: int, hi: int):
     return V.binned_timeline_figure(labels, grid, seconds)
 
 
+TRACE_PATH = "rl-trace"  # served by the dashboard itself, behind its login like the page
+TRACE_MAX_SPANS = 1_000_000
+
+
+def trace_href(job_id: str, lo: int, hi: int) -> str:
+    """The page-relative link to the Chrome-trace / Perfetto JSON of steps [lo, hi)."""
+    return f"{TRACE_PATH}?job={quote(job_id, safe='')}&step_start={lo}&step_end={hi}"
+
+
+def trace_response(engine: Engine, args) -> tuple[str, int, dict]:
+    """(body, status, headers) for ``TRACE_PATH`` with ``job``, ``step_start``, ``step_end``:
+    the trace as a JSON attachment, or 400/404 naming what is wrong."""
+    text = {"Content-Type": "text/plain; charset=utf-8"}
+    job_id = args.get("job") or ""
+    try:
+        lo, hi = (int(args.get(k, "")) for k in ("step_start", "step_end"))
+        lo, hi = step_window(lo, hi, None, maximum=MAX_STEPS)
+    except ValueError as exc:
+        return f"bad step range: {exc}", 400, text
+    try:
+        q.require_job(engine, job_id)
+    except q.NotFound:
+        return f"job: unknown job {job_id!r}", 404, text
+    trace = chrome_trace(store_rl.read_spans(engine, job_id, lo, hi, limit=TRACE_MAX_SPANS), job_id)
+    name = f"{job_id}-steps-{lo}-{hi - 1}.trace.json".replace("/", "_").replace('"', "_")
+    return json.dumps(trace), 200, {"Content-Type": "application/json",
+                                    "Content-Disposition": f'attachment; filename="{name}"'}
+
+
 def register(app, engine: Engine) -> None:
     rl_loads.register(app, engine)
+    app.server.add_url_rule("/" + TRACE_PATH, "moeplane_rl_trace",
+                            lambda: trace_response(engine, flask.request.args))
 
     @app.callback(
         Output("rl-range", "data"),
@@ -124,8 +160,7 @@ def register(app, engine: Engine) -> None:
         if state == shown:
             return no_update, no_update, no_update
         follow = " (the newest, live)" if not (start or "").strip() and not (end or "").strip() else ""
-        href = f"/api/v1/jobs/{quote(job_id, safe='')}/rl/trace?step_start={lo}&step_end={hi}"
-        return state, f"steps {lo}–{hi - 1}{follow}", href
+        return state, f"steps {lo}–{hi - 1}{follow}", trace_href(job_id, lo, hi)
 
     @app.callback(Output("rl-timeline", "figure"), Input("rl-range", "data"))
     def draw_timeline(shown):

@@ -4,6 +4,7 @@ picker, its bad inputs, and the binned timeline of a range with too many spans f
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
 from selenium.webdriver.common.by import By
@@ -95,7 +96,15 @@ def test_step_range_picker_drives_the_page_and_refuses_bad_ranges(store, dashboa
     assert figure(browser, "rl-heatmap")["data"][0]["x"] == [1]
     assert [int(x) for x in figure(browser, "rl-staleness")["data"][0]["x"]] == [1]
     href = browser.find_element(By.ID, "rl-trace-link").get_attribute("href")
-    assert href.endswith(f"/api/v1/jobs/{sim.job_id}/rl/trace?step_start=1&step_end=2")
+    assert href == f"{dashboard_server.url}rl-trace?job={sim.job_id}&step_start=1&step_end=2"
+    events = [e for e in httpx.get(href, timeout=10).json()["traceEvents"] if e["ph"] == "X"]
+    stored = store_rl.read_spans(engine, sim.job_id, 1, 2)
+    assert sorted((e["tid"], e["ts"], e["name"]) for e in events) == sorted(
+        (int(r), s * 1e6, PHASES[p]) for r, s, p in zip(stored.rank, stored.start, stored.phase, strict=True))
+    assert {e["args"]["step"] for e in events} == {1} and len(events) == 16
+    bad = httpx.get(href.replace("step_end=2", "step_end=1"), timeout=10)
+    assert bad.status_code == 400 and "step_end: 1 must be above step_start 1" in bad.text
+    assert httpx.get(href.replace(f"job={sim.job_id}", "job=nope"), timeout=10).status_code == 404
     assert text_of(browser, "rl-range-status").startswith("steps 1–1")
     for start, end, message in (("2", "1", "to: step 1 is before from 2"),
                                 ("x1", "", "from: not a step number"),
