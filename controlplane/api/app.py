@@ -16,6 +16,7 @@ from moeplane.controlplane.api.plans import router as plans_router
 from moeplane.controlplane.api.rl import router as rl_router
 from moeplane.controlplane.api.rl_loads import router as rl_loads_router
 from moeplane.controlplane.api.routes import router
+from moeplane.controlplane.api.rules import document_rules
 from moeplane.controlplane.api.tokens import router as tokens_router
 from moeplane.controlplane.auth.body import DEFAULT_MAX_BODY_BYTES, BodyGuard
 from moeplane.controlplane.auth.http import AUTH_RESPONSES, AuthDep, document_security
@@ -42,6 +43,8 @@ def create_api(engine: Engine, **state) -> FastAPI:
     app.add_middleware(MethodsGuard)  # HEAD, OPTIONS and 405 with the path's real Allow
     app.state.tokens = None
     document_security(app)
+    secured = app.openapi
+    app.openapi = lambda: document_rules(secured())  # x-rules: each operation's cross-field rules, 422
     for k, val in state.items():
         setattr(app.state, k, val)
     if getattr(app.state, "placements", None) is None:  # serve passes the process's one

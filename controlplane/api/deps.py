@@ -21,8 +21,11 @@ async def get_engine(request: Request) -> Engine:
 EngineDep = Annotated[Engine, Depends(get_engine)]
 
 # Bounds of every number a query may carry: what the store's columns hold (BIGINT steps,
-# float seconds), so that no parameter reaches the database as an overflow (a 500).
-MAX_STEP = 2**62
+# float seconds), so that no parameter reaches the database as an overflow (a 500). Integers
+# stop at 2**53 - 1, the largest a JSON number carries exactly (RFC 7493): past it, a client
+# that parses numbers as doubles rounds a value over the bound down onto it.
+MAX_INT = 2**53 - 1
+MAX_STEP = MAX_INT
 MAX_TIME = 1e11  # unix seconds, year 5138
 
 

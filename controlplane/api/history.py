@@ -18,10 +18,11 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from moeplane.controlplane.api.deps import EngineDep, get_placements
+from moeplane.controlplane.api.deps import MAX_INT, MAX_STEP, EngineDep, get_placements
 from moeplane.controlplane.api.plans import PlanSummary
 from moeplane.controlplane.api.readcache import ReadCache
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
+from moeplane.controlplane.api.rules import STEP_RANGE, rules
 from moeplane.controlplane.retention import RetentionPolicy
 from moeplane.controlplane.store import history as H
 from moeplane.controlplane.store import load_history as LH
@@ -36,11 +37,12 @@ RESPONSES = NOT_FOUND | BAD | CSV
 
 Start = Annotated[float | None, Query(ge=0, le=1e11, description="unix s, inclusive (rounded down to a bucket)")]
 End = Annotated[float | None, Query(ge=0, le=1e11, description="unix s, exclusive (rounded up to a bucket)")]
-StepStart = Annotated[int | None, Query(ge=0, le=2**62, description="from this step, inclusive")]
-StepEnd = Annotated[int | None, Query(ge=0, le=2**62, description="to this step, exclusive")]
+StepStart = Annotated[int | None, Query(ge=0, le=MAX_STEP, description="from this step, inclusive")]
+StepEnd = Annotated[int | None, Query(ge=0, le=MAX_STEP, description="to this step, exclusive")]
 Bucket = Annotated[int | None, Query(ge=1, le=604800, description="bucket width, s; default: the range in one page (<= 500 buckets)")]
 Limit = Annotated[int, Query(ge=1, le=H.MAX_BUCKETS, description="most buckets in this page")]
 Format = Annotated[Literal["json", "csv"], Query(description="json (default) or csv")]
+WINDOW = "end (default: now) must be after start"
 
 
 class Page(BaseModel):
@@ -172,7 +174,7 @@ def _csv(table: tuple[list[dict], list[str]], page: dict) -> Response:
     return Response(buf.getvalue(), media_type="text/csv", headers=headers)
 
 
-@router.get("/devices", response_model=MetricHistory, responses=RESPONSES)
+@router.get("/devices", response_model=MetricHistory, responses=RESPONSES, openapi_extra=rules(WINDOW))
 async def device_metric(
     request: Request, engine: EngineDep,
     device_id: Annotated[str, Query(min_length=1, max_length=160)],
@@ -189,7 +191,8 @@ async def device_metric(
                        lambda page: (page["items"], ["start", "count", "mean", "max", "p95"]))
 
 
-@router.get("/jobs/{job_id}/steps", response_model=StepHistory, responses=RESPONSES)
+@router.get("/jobs/{job_id}/steps", response_model=StepHistory, responses=RESPONSES,
+            openapi_extra=rules(WINDOW, STEP_RANGE))
 async def step_stats(
     job_id: JobId, request: Request, engine: EngineDep,
     rank: Annotated[int | None, Query(ge=0, le=1 << 20)] = None,
@@ -209,7 +212,8 @@ async def step_stats(
                        lambda page: (page["items"], list(StepPoint.model_fields)))
 
 
-@router.get("/jobs/{job_id}/loads", response_model=LoadHistory, responses=RESPONSES)
+@router.get("/jobs/{job_id}/loads", response_model=LoadHistory, responses=RESPONSES,
+            openapi_extra=rules(WINDOW, STEP_RANGE))
 async def loads(
     job_id: JobId, request: Request, engine: EngineDep,
     view: Annotated[Literal["matrix", "layer", "expert", "ranks"], Query()] = "matrix",
@@ -253,7 +257,7 @@ def _long_rows(page: dict, view: str, layer, expert) -> list[dict]:
 @router.get("/jobs/{job_id}/plans", response_model=list[PlanHistoryItem], responses=NOT_FOUND | BAD)
 async def plans(
     job_id: JobId, engine: EngineDep, start: Start = None, end: End = None,
-    after_epoch: Annotated[int, Query(ge=0, le=2**62, description="page after this epoch")] = 0,
+    after_epoch: Annotated[int, Query(ge=0, le=MAX_INT, description="page after this epoch")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[dict]:
     """Plans created in [start, end), oldest first, each with its event history."""
@@ -281,7 +285,7 @@ async def plans(
 @router.get("/jobs/{job_id}/decisions", response_model=list[DecisionItem], responses=NOT_FOUND | BAD)
 async def decisions(
     job_id: JobId, engine: EngineDep, start: Start = None, end: End = None,
-    after_id: Annotated[int, Query(ge=0, le=2**62, description="page after this decision id")] = 0,
+    after_id: Annotated[int, Query(ge=0, le=MAX_INT, description="page after this decision id")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[dict]:
     """Memory-offload decisions created in [start, end), oldest first."""

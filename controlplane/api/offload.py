@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Body, Path, Query
+from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
-from moeplane.controlplane.api.deps import EngineDep, ExecutorDep
+from moeplane.controlplane.api.deps import MAX_INT, EngineDep, ExecutorDep
+from moeplane.controlplane.api.policy import OffloadPolicyChanges
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
+from moeplane.controlplane.api.rules import rules
 from moeplane.controlplane.api.schemas import ErrorBody
 from moeplane.controlplane.domain.lifecycle import Status
 from moeplane.controlplane.store import memory_profiles as M
@@ -18,7 +20,7 @@ from moeplane.controlplane.store import queries as q
 
 router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["offload"])
 CONFLICT = {409: {"model": ErrorBody, "description": "the decision's state does not allow this"}}
-DecisionId = Annotated[int, Path(ge=1, le=2**62)]
+DecisionId = Annotated[int, Path(ge=1, le=MAX_INT)]
 
 
 class DecisionRef(BaseModel):
@@ -170,6 +172,8 @@ async def get_policy(job_id: JobId, engine: EngineDep) -> dict:
     return (await asyncio.to_thread(O.get_policy, engine, job_id)).to_dict()
 
 
-@router.put("/offload/policy", response_model=OffloadPolicyView, responses=NOT_FOUND | BAD)
-async def set_policy(job_id: JobId, engine: EngineDep, body: Annotated[dict[str, Any], Body()]) -> dict:
-    return (await asyncio.to_thread(O.set_policy, engine, job_id, body)).to_dict()
+@router.put("/offload/policy", response_model=OffloadPolicyView, responses=NOT_FOUND | BAD,
+            openapi_extra=rules("low_watermark must stay below high_watermark (with the settings not given "
+                                "kept as they are)"))
+async def set_policy(job_id: JobId, engine: EngineDep, body: OffloadPolicyChanges) -> dict:
+    return (await asyncio.to_thread(O.set_policy, engine, job_id, body.changes())).to_dict()

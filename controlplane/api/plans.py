@@ -11,9 +11,10 @@ import numpy as np
 from fastapi import APIRouter, Body, Path, Query
 from pydantic import BaseModel, Field, StrictInt
 
-from moeplane.controlplane.api.deps import EngineDep, ExecutorDep, PlacementsDep
+from moeplane.controlplane.api.deps import MAX_INT, EngineDep, ExecutorDep, PlacementsDep
 from moeplane.controlplane.api.policy import PolicyChanges
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
+from moeplane.controlplane.api.rules import JOB_SHAPE, rules
 from moeplane.controlplane.api.schemas import ErrorBody
 from moeplane.controlplane.balancing import count_moves, plan_placement
 from moeplane.controlplane.balancing.validate import check_placement
@@ -24,7 +25,7 @@ from moeplane.controlplane.store.placements import PlacementSource, identity
 
 router = APIRouter(prefix="/api/v1/jobs/{job_id}", tags=["plans"])
 CONFLICT = {409: {"model": ErrorBody, "description": "the plan's state does not allow this"}}
-Epoch = Annotated[int, Path(ge=1, le=2**62)]
+Epoch = Annotated[int, Path(ge=1, le=MAX_INT)]
 
 
 class PlanSummary(BaseModel):
@@ -63,7 +64,7 @@ class PlanDetail(PlanSummary):
 
 
 class RollbackRequest(BaseModel):
-    epoch: StrictInt = Field(ge=0, le=2**62, description="epoch to return to; 0 = the initial placement")
+    epoch: StrictInt = Field(ge=0, le=MAX_INT, description="epoch to return to; 0 = the initial placement")
 
 
 class PlacementRequest(BaseModel):
@@ -168,7 +169,8 @@ async def rollback(job_id: JobId, body: RollbackRequest, executor: ExecutorDep,
     return await _push_at_once(executor, placements, job_id, target_of)
 
 
-@router.post("/plans", response_model=PlanSummary, responses=NOT_FOUND | CONFLICT | BAD)
+@router.post("/plans", response_model=PlanSummary, responses=NOT_FOUND | CONFLICT | BAD,
+             openapi_extra=rules(JOB_SHAPE, "phy2log holds every expert of each layer at least once"))
 async def push_placement(job_id: JobId, body: PlacementRequest, executor: ExecutorDep,
                          placements: PlacementsDep) -> dict:
     """Push an operator's placement (e.g. from ``moeplane plan``) as a new plan, at once.
@@ -195,7 +197,8 @@ async def push_placement(job_id: JobId, body: PlacementRequest, executor: Execut
     return await _push_at_once(executor, placements, job_id, target_of)
 
 
-@router.post("/plans/dry-run", response_model=DryRunResult, responses=NOT_FOUND | BAD)
+@router.post("/plans/dry-run", response_model=DryRunResult, responses=NOT_FOUND | BAD, openapi_extra=rules(
+    JOB_SHAPE, "the job has a known geometry, and stored loads when the body gives none"))
 async def dry_run(job_id: JobId, engine: EngineDep, placements: PlacementsDep,
                   body: Annotated[DryRunRequest, Body()]) -> dict:
     def run() -> dict:

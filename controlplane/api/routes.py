@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel
 
 from moeplane.controlplane.api.deps import EngineDep, RangeDep
+from moeplane.controlplane.api.rules import RANGE, rules
 from moeplane.controlplane.api.schemas import (
     Device,
     DeviceLatest,
@@ -70,7 +71,8 @@ def loads_latest(job_id: JobId, engine: EngineDep) -> dict | None:
     return None if row is None else row | {"counts": row["counts"].tolist()}
 
 
-@router.get("/jobs/{job_id}/loads", response_model=list[Loads], responses=NOT_FOUND | BAD, tags=["jobs"])
+@router.get("/jobs/{job_id}/loads", response_model=list[Loads], responses=NOT_FOUND | BAD, tags=["jobs"],
+            openapi_extra=rules(RANGE))
 def loads(
     job_id: JobId,
     engine: EngineDep,
@@ -80,7 +82,8 @@ def loads(
     return [r | {"counts": r["counts"].tolist()} for r in q.loads_history(engine, job_id, rng, layer)]
 
 
-@router.get("/jobs/{job_id}/steps", response_model=list[StepStat], responses=NOT_FOUND | BAD, tags=["jobs"])
+@router.get("/jobs/{job_id}/steps", response_model=list[StepStat], responses=NOT_FOUND | BAD, tags=["jobs"],
+            openapi_extra=rules(RANGE))
 def steps(
     job_id: JobId,
     engine: EngineDep,
@@ -122,6 +125,7 @@ def devices_latest(
     response_model=list[Sample],
     responses=NOT_FOUND | BAD,
     tags=["devices"],
+    openapi_extra=rules(RANGE),
 )
 def device_samples(
     device_id: str,

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND
+from moeplane.controlplane.api.rules import rules
 from moeplane.controlplane.auth.http import role_extra
 from moeplane.controlplane.auth.streams import ENDED_CHANNEL, ended_payload
 from moeplane.controlplane.auth.tokens import Role, TokenStore
@@ -48,8 +49,8 @@ async def list_tokens(request: Request) -> list[dict]:
     return await asyncio.to_thread(_store(request).list)
 
 
-@router.post("", response_model=CreatedTokenBody, status_code=201, openapi_extra=ADMIN,
-             responses=BAD)
+@router.post("", response_model=CreatedTokenBody, status_code=201, responses=BAD,
+             openapi_extra=ADMIN | rules("a node token (role node) needs node_id; the other roles must not have one"))
 async def create_token(body: TokenRequest, request: Request) -> dict:
     store = _store(request)
     made = await asyncio.to_thread(store.create, body.role, name=body.name, node_id=body.node_id)

@@ -79,7 +79,7 @@ def test_manual_waits_for_approval_and_guards_transitions(cluster):
     for bad in ({"mode": "sometimes"}, {"high_watermark": 1.5}, {"low_watermark": 0.95},
                 {"decision_timeout_s": 0}, {"colour": "red"}):
         r = http.put("/offload/policy", json=bad)
-        assert r.status_code == 422 and next(iter(bad)) in r.json()["detail"], (bad, r.text)
+        assert r.status_code == 422 and next(iter(bad)) in r.text, (bad, r.text)  # the error names the key
     assert http.get("/offload/policy").json()["mode"] == "manual"
     assert send(a0, memory(1, [device_profile(G0, 0)])).code == 0
     proposed = poll(lambda: http.get("/offload/decisions", params={"status": "proposed"}).json(), what="proposal")
