@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "agent": [PY, "-m", "benchmarks.agent", "--seconds", "60", "--out", "benchmarks/results/agent.md"],
     "sdk": [PY, "benchmarks/sdk.py"],
     "routing": [PY, "-m", "benchmarks.routing", "--steps", "2"],
+    "predictions": [PY, "-m", "benchmarks.predictions", "--steps", "600"],
     "train_moe_trace": [PY, "-m", "benchmarks.train_moe_trace", "--steps", "300",
                         "--out", "benchmarks/results/train_moe_trace.npy"],
     "replay_forecast": [PY, "-m", "benchmarks.replay_forecast",

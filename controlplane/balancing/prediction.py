@@ -7,10 +7,12 @@ forecast is the ``[L, E]`` load the next step is expected to bring; feed it to
 ``choose_forecaster`` picks, from a fixed list, the one with the least such error on the
 history itself, and ``forecast`` evaluates one by name.
 
-``routed_balancedness`` predicts what a job measures under a placement: the balancedness of
-each of the window's steps with that step's tokens routed among the replicas
-(``routing.route_replicas``), averaged over the steps, per layer. It is not the balancedness
-of the window's mean, which hides every step's noise and so promises too much.
+``routed_balancedness`` is what a job measures under a placement: the balancedness of each
+step with that step's tokens routed among the replicas (``routing.route_replicas``); its mean
+over steps, per layer, not the balancedness of the steps' mean, which hides every step's noise.
+``expected_balancedness`` predicts it out of sample, for the steps a plan will be measured on
+(``measured_steps``): routed draws of those steps from the window's drift and noise
+(``drift_and_noise``). Scored on the window it was fitted to, a placement promises too much.
 """
 
 from __future__ import annotations

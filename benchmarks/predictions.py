@@ -1,0 +1,132 @@
+"""A demo's plans: predicted against measured balancedness (issue 31: within 2 % on average and
+5 % for every plan over the plans of a 10-minute run).
+
+    .venv/bin/python -m benchmarks.predictions --steps 600      # about 13 minutes on 2 cores
+
+starts ``moeplane demo --no-train --steps 600`` on free ports in a temporary directory, waits
+for the simulated job's last step and the last plan's measurement, and stops it; with ``--url``
+and ``--database`` it reads a demo that is already running instead.
+
+Reads the plans from REST (``predicted_after``, ``measured_after``: what the Plans page shows).
+Error of a plan: ``|measured - predicted| / measured``. Baseline, same run and plans: the
+in-sample figure the controller used before, each pushed placement scored with routing on the
+window it was fitted to (the ``window_steps`` steps up to the last one stored when the plan
+was created; loads and placements from the database).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from moeplane.controlplane.balancing import routed_balancedness
+from moeplane.controlplane.balancing.prediction import MEASURE_STEPS
+from moeplane.controlplane.procs import MOEPLANE, free_port, wait_until
+from moeplane.controlplane.store import plans as P
+from moeplane.controlplane.store import queries as q
+from moeplane.controlplane.store.engine import make_engine
+
+
+def in_sample(database: str, job: str, plans: list[dict]) -> dict[int, float]:
+    """epoch -> the placement's mean routed balancedness over the steps it was fitted to."""
+    engine = make_engine(f"sqlite:///{database}")
+    rows = q.loads_history(engine, job, q.Range(step_start=0, limit=q.MAX_LIMIT))
+    ts = np.array([r["ts"] for r in rows])
+    window = P.get_policy(engine, job).window_steps
+    out = {}
+    for p in plans:
+        last = int(np.searchsorted(ts, p["created_at"], side="right")) - 1
+        loads = np.stack([r["counts"] for r in rows[max(0, last - window + 1) : last + 1]])
+        p2l = P.get_plan(engine, job, p["epoch"])["phy2log"]
+        out[p["epoch"]] = float(routed_balancedness(loads.astype(np.float64), p2l,
+                                                    gpus=p["world_size"]).mean())
+    return out
+
+
+def errors(plans: list[dict], predicted: dict[int, float]) -> np.ndarray:
+    """[n] signed (measured - predicted) / measured of each plan, in %."""
+    return np.array([(p["measured_after"] - predicted[p["epoch"]]) / p["measured_after"] * 100
+                     for p in plans])
+
+
+def row(name: str, plans: list[dict], predicted: dict[int, float]) -> str:
+    e = errors(plans, predicted)
+    worst = int(np.argmax(np.abs(e)))
+    w = plans[worst]
+    late = np.abs(e[[p["applied_step"] >= 300 for p in plans]])
+    tail = f"{len(late)}: {late.mean():.1f} %, {late.max():.1f} %" if len(late) else "none"
+    return (f"| {name} | {len(plans)} | {np.abs(e).mean():.1f} % | {np.abs(e).max():.1f} % (plan "
+            f"{w['epoch']}: {predicted[w['epoch']]:.3f} vs {w['measured_after']:.3f}) | "
+            f"{e.mean():+.1f} % | {(np.abs(e) > 5).sum()} | {tail} |")
+
+
+def report(url: str, database: str, job: str) -> None:
+    got = httpx.get(f"{url}/api/v1/jobs/{job}/plans", params={"limit": 1000}, timeout=30)
+    got.raise_for_status()
+    plans = sorted((p for p in got.json() if p["measured_after"] is not None
+                    and p["predicted_after"] is not None), key=lambda p: p["epoch"])
+    print("| prediction | plans measured | mean abs(measured − predicted) / measured | worst | "
+          "mean signed | plans over 5 % | applied from step 300 on: plans, mean, worst |")
+    print("|---|---|---|---|---|---|---|")
+    print(row("in-sample (baseline: the window it was fitted to)", plans,
+              in_sample(database, job, plans)))
+    print(row("out of sample (`expected_balancedness`, pushed)", plans,
+              {p["epoch"]: p["predicted_after"] for p in plans}))
+
+
+def run_demo(steps: int, job: str) -> None:
+    """A fresh demo until the job's last step and the last plan's measurement; then report."""
+    with tempfile.TemporaryDirectory() as d:
+        tmp, http = Path(d), free_port()
+        url = f"http://127.0.0.1:{http}"
+        with open(tmp / "demo.out", "wb") as out:
+            demo = subprocess.Popen(
+                MOEPLANE + ["demo", "--no-train", "--steps", str(steps), "--data-dir",
+                            str(tmp / "data"), "--http-port", str(http), "--grpc-port", str(free_port())],
+                stdout=out, stderr=subprocess.STDOUT, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+        try:
+            def last_step() -> bool:
+                jobs = httpx.get(f"{url}/api/v1/jobs", timeout=5).json()
+                return any(j["job_id"] == job and (j["latest_step"] or 0) >= steps - 1 for j in jobs)
+
+            def measured() -> bool:  # the newest applied plan measured up to the last step
+                plans = httpx.get(f"{url}/api/v1/jobs/{job}/plans", timeout=5).json()
+                done = [p for p in plans if p["applied_step"] is not None]
+                p = max(done, key=lambda p: p["epoch"], default=None)
+                return p is None or (p["measured_step"] or -1) >= min(
+                    p["applied_step"] + MEASURE_STEPS, steps - 1)
+
+            wait_until(last_step, steps * 5.0, f"{job} to reach step {steps - 1}",
+                       retry_on=(httpx.HTTPError,), interval=2.0)
+            wait_until(measured, 60, "the last plan's measurement", retry_on=(httpx.HTTPError,),
+                       interval=1.0)
+            report(url, str(tmp / "data" / "moeplane.sqlite"), job)
+        finally:
+            demo.send_signal(signal.SIGINT)
+            demo.wait(60)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=600, help="steps of the demo's simulated job")
+    ap.add_argument("--url", help="a running demo's REST base URL (with --database)")
+    ap.add_argument("--database", help="that demo's SQLite file")
+    ap.add_argument("--job", default="demo-job")
+    a = ap.parse_args()
+    if a.url:
+        if not a.database:
+            ap.error("--url needs --database")
+        report(a.url, a.database, a.job)
+    else:
+        run_demo(a.steps, a.job)
+
+
+if __name__ == "__main__":
+    main()
