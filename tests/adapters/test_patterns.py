@@ -139,6 +139,10 @@ def test_folds_of_repeated_forwards_skipped_layers_and_many_steps_count_exactly(
     model(torch.randn(4, H))
     model[1](torch.randn(6, H))  # layer 1 alone: the pending tensors are no longer runs
     assert torch.equal(watch.take(), want())
+    model(torch.randn(0, H))  # an empty micro-batch: as a run, then alone
+    assert int(watch.take().sum()) == 0
+    model[2](torch.randn(0, H))
+    assert int(watch.take().sum()) == 0
     for _ in range(200):  # 600 pending tensors: folds start in the hooks (FOLD_EVERY)
         model(torch.randn(2, H))
     got = watch.take()

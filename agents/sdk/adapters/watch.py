@@ -104,9 +104,10 @@ class Watch:
         tensors = [t for _, t in pending]
         if (len(pending) % count == 0 and len({t.shape for t in tensors}) == 1
                 and tuple(i for i, _ in pending) == self._in_order * (len(pending) // count)):
-            runs = [(None, ids) for ids in torch.stack(tensors).view(-1, count, tensors[0].numel())]
+            shape = (len(pending) // count, count, tensors[0].numel())  # no -1: 0 tokens work
+            runs = [(None, ids) for ids in torch.stack(tensors).view(shape)]
         else:
-            runs = [(i, t.reshape(1, -1)) for i, t in pending]
+            runs = [(i, t.reshape(1, t.numel())) for i, t in pending]
         try:
             for layer, ids in runs:
                 self._scatter(layer, ids)
