@@ -3,11 +3,13 @@
 Writes are idempotent by each table's primary key (a resent report stores nothing twice):
 spans by (job, node, rank, phase, start), syncs by (job, rank, to_version), batches by
 (job, step, rank), phase loads by (job, rank, step, phase) (:mod:`.rl_loads`). One
-transaction per report.
+transaction per report, which also adds the spans it inserted to their steps' phase seconds
+(:mod:`.rl_steps`).
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -15,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from moeplane.controlplane.rl.phases import Spans
-from moeplane.controlplane.store import bulk, rl_loads
+from moeplane.controlplane.store import bulk, rl_loads, rl_steps
 from moeplane.controlplane.store import tables as t
 
 SPAN_COLUMNS = ("job_id", "node_id", "rank", "phase", "start_ts", "end_ts", "step", "version", "role", "tokens")
@@ -45,28 +47,51 @@ def save_report(engine: Engine, job_id: str, node_id: str, spans: Spans,
 
 
 def _insert_spans(conn: Connection, job_id: str, node_id: str, spans: Spans) -> None:
-    """INSERT ... ON CONFLICT (SPAN_KEY) DO NOTHING of every span, one statement.
+    """INSERT ... ON CONFLICT (SPAN_KEY) DO NOTHING of every span, then the spans inserted
+    (RETURNING: a resent one is not) added to their steps' phase seconds (:mod:`.rl_steps`).
 
     PostgreSQL: one ``unnest`` of array literals built from the columns (``repr`` of a float is
     exact), sent as text: psycopg's per-item binary dumping of Python lists cost several times
-    more per span. SQLite: one executemany of plain tuples."""
+    more per span. SQLite: multi-row VALUES statements of plain parameters (executemany cannot
+    return rows)."""
     n = len(spans)
     if n == 0:
         return
     cols = ("rank", "phase", "start_ts", "end_ts", "step", "version", "role", "tokens")
     values = (spans.rank, spans.phase, spans.start, spans.end, spans.step, spans.version, spans.role, spans.tokens)
     names = ", ".join(f'"{c}"' for c in ("job_id", "node_id", *cols))
+    tail = f"ON CONFLICT ({', '.join(SPAN_KEY)}) DO NOTHING RETURNING step, rank, role, phase, start_ts, end_ts"
     if conn.dialect.name == "postgresql":
         types = ("int", "smallint", "float8", "float8", "bigint", "bigint", "smallint", "bigint")
         arrays = ", ".join(f"%s::{ty}[]" for ty in types)
-        sql = (f"INSERT INTO rl_spans ({names}) SELECT %s, %s, * FROM unnest({arrays}) "
-               f"ON CONFLICT ({', '.join(SPAN_KEY)}) DO NOTHING")
+        sql = f"INSERT INTO rl_spans ({names}) SELECT %s, %s, * FROM unnest({arrays}) {tail}"
         literals = ["{" + ",".join(map(repr, v.tolist())) + "}" for v in values]
-        conn.connection.driver_connection.execute(sql, [job_id, node_id, *literals])
-        return
-    sql = (f"INSERT INTO rl_spans ({names}) VALUES ({', '.join(['?'] * (len(cols) + 2))}) "
-           f"ON CONFLICT ({', '.join(SPAN_KEY)}) DO NOTHING")
-    conn.exec_driver_sql(sql, list(zip([job_id] * n, [node_id] * n, *(v.tolist() for v in values), strict=True)))
+        rows = conn.connection.driver_connection.execute(sql, [job_id, node_id, *literals]).fetchall()
+    else:
+        per = len(cols) + 2
+        chunk = max(1, _sqlite_max_params(conn) // per)
+        params = [x for row in zip([job_id] * n, [node_id] * n, *(v.tolist() for v in values), strict=True)
+                  for x in row]
+        one = f"({', '.join(['?'] * per)})"
+        cur = conn.connection.driver_connection.cursor()
+        rows = []
+        for i in range(0, n, chunk):
+            k = min(chunk, n - i)
+            rows += cur.execute(f"INSERT INTO rl_spans ({names}) VALUES {', '.join([one] * k)} {tail}",
+                                params[i * per:(i + k) * per]).fetchall()
+        cur.close()
+    if rows:
+        a = np.array(rows, dtype=np.float64).reshape(len(rows), 6)
+        rl_steps.add(conn, job_id, node_id, a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4], a[:, 5])
+
+
+def _sqlite_max_params(conn: Connection) -> int:
+    """The most ``?`` parameters one SQLite statement may hold (999 on builds before 3.32)."""
+    raw = conn.connection.driver_connection
+    try:
+        return raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    except AttributeError:  # Python < 3.11
+        return 999
 
 
 def _row(columns: Sequence[str], values: dict, job_id: str, node_id: str) -> tuple:

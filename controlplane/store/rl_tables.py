@@ -1,4 +1,5 @@
-"""RL post-training tables: phase spans, weight syncs and consumed batches (migration 0006).
+"""RL post-training tables: phase spans, weight syncs and consumed batches (migration 0006), phase
+loads (0008) and per-step phase seconds (0009).
 
 Defined on :data:`moeplane.controlplane.store.tables.metadata`; import them through
 ``tables`` (which imports this module once ``metadata`` exists).
@@ -83,3 +84,18 @@ rl_phase_loads = sa.Table(
     sa.Column("counts", sa.LargeBinary, nullable=False),
 )
 sa.Index("ix_rl_phase_loads_job_step", rl_phase_loads.c.job_id, rl_phase_loads.c.step)
+
+# Phase seconds per (job, step, node) (migration 0009), kept at ingest in the spans'
+# transaction for long timelines: ``data`` holds ``ranks`` packed little-endian records of
+# moeplane.controlplane.rl.step_phases.record_dtype(phases) (per rank: first start, last end,
+# rank, role, span count, seconds of each of ``phases`` phases), sorted by rank.
+rl_step_phases = sa.Table(
+    "rl_step_phases",
+    metadata,
+    sa.Column("job_id", sa.String(128), primary_key=True),
+    sa.Column("step", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("node_id", sa.String(128), primary_key=True),
+    sa.Column("phases", sa.SmallInteger, nullable=False),
+    sa.Column("ranks", sa.Integer, nullable=False),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+)

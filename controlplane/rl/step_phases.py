@@ -1,0 +1,136 @@
+"""Per-(step, device) phase seconds: the summary kept at ingest for long timelines.
+
+A summary is an array of :func:`record_dtype` records, one per (step, rank): the rank's role,
+first span start and last span end in the step, how many spans it holds, and the seconds of
+each phase (float64, the sum of the spans' durations: exact up to float rounding). A stored
+row holds one node's records of one step as the records' little-endian bytes (packed, no
+padding). Pure numpy: no loop over spans or records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from moeplane.controlplane.rl.phases import PHASES
+
+
+def record_dtype(phases: int = len(PHASES)) -> np.dtype:
+    """One (step, rank) record: first, last float64 (unix s); rank int32; role int8 (the
+    highest code seen); spans int32; seconds float64 [phases]. Packed: 25 + 8 * phases bytes."""
+    return np.dtype([("first", "<f8"), ("last", "<f8"), ("rank", "<i4"), ("role", "i1"), ("spans", "<i4"),
+                     ("seconds", "<f8", (phases,))])
+
+
+def summarize(step, rank, role, phase, start, end, phases: int = len(PHASES)) -> tuple[np.ndarray, np.ndarray]:
+    """(steps int64 [K], records [K] of :func:`record_dtype`): the N spans (step int [N], rank
+    int [N], role int [N], phase int [N] codes < ``phases``, start/end float64 [N] unix s)
+    summed per (step, rank); sorted by step, then rank."""
+    step, rank = np.asarray(step, dtype=np.int64), np.asarray(rank, dtype=np.int64)
+    out = np.zeros(0, dtype=record_dtype(phases))
+    if step.size == 0:
+        return np.zeros(0, dtype=np.int64), out
+    keys, cell = np.unique(np.stack([step, rank], axis=1), axis=0, return_inverse=True)
+    cell = cell.reshape(-1)
+    k = keys.shape[0]
+    start, end = np.asarray(start, dtype=np.float64), np.asarray(end, dtype=np.float64)
+    out = np.zeros(k, dtype=record_dtype(phases))
+    out["rank"] = keys[:, 1]
+    out["first"], out["last"] = np.inf, -np.inf
+    np.minimum.at(out["first"], cell, start)
+    np.maximum.at(out["last"], cell, end)
+    roles = np.full(k, -1, dtype=np.int8)
+    np.maximum.at(roles, cell, np.asarray(role, dtype=np.int8))
+    out["role"] = roles
+    out["spans"] = np.bincount(cell, minlength=k)
+    flat = cell * phases + np.asarray(phase, dtype=np.int64)
+    out["seconds"] = np.bincount(flat, weights=end - start, minlength=k * phases).reshape(k, phases)
+    return keys[:, 0], out
+
+
+def merge(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """The records of one step: ``old`` and ``new`` (record arrays, any phase widths) added per
+    rank (min first, max last, max role, summed spans and seconds); sorted by rank."""
+    phases = max(old.dtype["seconds"].shape[0], new.dtype["seconds"].shape[0])
+    both = np.concatenate([widen(old, phases), widen(new, phases)])
+    ranks, cell = np.unique(both["rank"], return_inverse=True)
+    cell = cell.reshape(-1)
+    out = np.zeros(ranks.size, dtype=record_dtype(phases))
+    out["rank"] = ranks
+    out["first"], out["last"], out["role"] = np.inf, -np.inf, -1
+    np.minimum.at(out["first"], cell, both["first"])
+    np.maximum.at(out["last"], cell, both["last"])
+    roles = out["role"].copy()
+    np.maximum.at(roles, cell, both["role"])
+    out["role"] = roles
+    out["spans"] = np.bincount(cell, weights=both["spans"], minlength=ranks.size).astype(np.int32)
+    seconds = np.zeros((ranks.size, phases))
+    np.add.at(seconds, cell, both["seconds"])
+    out["seconds"] = seconds
+    return out
+
+
+def widen(records: np.ndarray, phases: int) -> np.ndarray:
+    """``records`` with ``phases`` phase columns (new phases zero)."""
+    have = records.dtype["seconds"].shape[0]
+    if have == phases:
+        return records
+    if have > phases:
+        raise ValueError(f"records: {have} phases, more than the {phases} asked for")
+    out = np.zeros(records.size, dtype=record_dtype(phases))
+    for name in ("first", "last", "rank", "role", "spans"):
+        out[name] = records[name]
+    out["seconds"][:, :have] = records["seconds"]
+    return out
+
+
+@dataclass(frozen=True)
+class StepGrid:
+    """D devices x S steps. steps int64 [S] ascending; ranks int32 [D] ascending (-1: the job's
+    timers); roles int8 [D]; seconds float64 [D, S, P] (phase seconds, P = len(PHASES));
+    present bool [D, S] (the device has a span in the step); wall float64 [S] (the step's first
+    start to its last end over every device, s); spans int (all spans counted)."""
+
+    steps: np.ndarray
+    ranks: np.ndarray
+    roles: np.ndarray
+    seconds: np.ndarray
+    present: np.ndarray
+    wall: np.ndarray
+    spans: int
+
+    def idle(self) -> np.ndarray:
+        """float64 [D, S]: the step's wall minus the device's phase seconds (at least 0; NaN
+        where the device has no span in the step)."""
+        busy = self.seconds.sum(axis=2)
+        return np.where(self.present, np.maximum(self.wall[None, :] - busy, 0.0), np.nan)
+
+    def dominant(self) -> tuple[np.ndarray, np.ndarray]:
+        """(int8 [D, S] the phase with the most seconds, -1 where no span; float64 [D, S] its
+        seconds)."""
+        top = np.argmax(self.seconds, axis=2)
+        top_s = np.take_along_axis(self.seconds, top[:, :, None], axis=2)[:, :, 0]
+        return np.where(self.present, top, -1).astype(np.int8), top_s
+
+
+def grid(step: np.ndarray, records: np.ndarray) -> StepGrid:
+    """The device x step grid of records (step int64 [K], records [K] of :func:`record_dtype`
+    with len(PHASES) phases); a rank summarized under two nodes adds up."""
+    phases = len(PHASES)
+    steps, si = np.unique(np.asarray(step, dtype=np.int64), return_inverse=True)
+    ranks, di = np.unique(records["rank"], return_inverse=True)
+    si, di = si.reshape(-1), di.reshape(-1)
+    d, s = ranks.size, steps.size
+    roles = np.full(d, -1, dtype=np.int8)
+    np.maximum.at(roles, di, records["role"])
+    cell = di * s + si
+    flat = (cell[:, None] * phases + np.arange(phases)[None, :]).reshape(-1)
+    seconds = np.bincount(flat, weights=records["seconds"].reshape(-1), minlength=d * s * phases)
+    present = np.zeros(d * s, dtype=bool)
+    present[cell] = True
+    lo, hi = np.full(s, np.inf), np.full(s, -np.inf)
+    np.minimum.at(lo, si, records["first"])
+    np.maximum.at(hi, si, records["last"])
+    return StepGrid(steps, ranks.astype(np.int32), roles, seconds.reshape(d, s, phases), present.reshape(d, s),
+                    hi - lo, int(records["spans"].sum()))

@@ -1,0 +1,70 @@
+"""Per-step phase seconds of RL jobs (table ``rl_step_phases``, migration 0009): written with the
+spans, read for long timelines.
+
+:func:`add` runs in the spans' transaction with the spans that transaction actually inserted
+(a resent span adds nothing); it reads the (job, step, node) rows the spans touch, adds to them
+and writes them back. On PostgreSQL a transaction-scoped advisory lock on (job, node) keeps two
+reports of one node from both reading the old row; SQLite's single writer (the spans' insert
+already holds the write lock) does the same. :func:`read` decodes a range's rows with one
+``numpy.frombuffer`` per phase width.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+from moeplane.controlplane.rl import step_phases as sp
+from moeplane.controlplane.rl.phases import PHASES
+from moeplane.controlplane.store.rl_tables import rl_step_phases
+
+_C = rl_step_phases.c
+
+
+def add(conn: Connection, job_id: str, node_id: str, step, rank, role, phase, start, end) -> None:
+    """Add N newly stored spans of ``node_id`` (step, rank, role, phase int [N]; start, end
+    float64 [N], unix s) to their steps' rows."""
+    steps, records = sp.summarize(step, rank, role, phase, start, end)
+    if steps.size == 0:
+        return
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
+                     {"k": f"rl_step_phases/{job_id}/{node_id}"})
+    distinct = np.unique(steps).tolist()
+    old = {}
+    for i in range(0, len(distinct), 1000):
+        rows = conn.execute(sa.select(_C.step, _C.phases, _C.data).where(
+            _C.job_id == job_id, _C.node_id == node_id, _C.step.in_(distinct[i:i + 1000]))).all()
+        old.update({int(s): np.frombuffer(d, dtype=sp.record_dtype(p)) for s, p, d in rows})
+    cut = np.flatnonzero(np.diff(steps)) + 1
+    out = []
+    for s, rec in zip(np.split(steps, cut), np.split(records, cut), strict=True):
+        key = int(s[0])
+        merged = sp.merge(old[key], rec) if key in old else rec
+        out.append({"job_id": job_id, "step": key, "node_id": node_id, "phases": merged.dtype["seconds"].shape[0],
+                    "ranks": merged.size, "data": merged.tobytes()})
+    insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(rl_step_phases)
+    conn.execute(insert.on_conflict_do_update(
+        index_elements=["job_id", "step", "node_id"],
+        set_={"phases": insert.excluded.phases, "ranks": insert.excluded.ranks, "data": insert.excluded.data}), out)
+
+
+def read(engine: Engine, job_id: str, step_start: int, step_end: int) -> tuple[np.ndarray, np.ndarray]:
+    """(steps int64 [K], records [K] of ``record_dtype(len(PHASES))``): every (step, rank)
+    record of the job's steps [step_start, step_end), unordered."""
+    stmt = (sa.select(_C.step, _C.phases, _C.ranks, _C.data)
+            .where(_C.job_id == job_id, _C.step >= int(step_start), _C.step < int(step_end)))
+    with engine.connect() as conn:
+        rows = conn.execute(stmt).all()
+    steps, parts = [], []
+    widths = sorted({int(r[1]) for r in rows})
+    for p in widths:
+        mine = [r for r in rows if r[1] == p]
+        records = np.frombuffer(b"".join(bytes(r[3]) for r in mine), dtype=sp.record_dtype(p))
+        parts.append(sp.widen(records, len(PHASES)))
+        steps.append(np.repeat(np.array([r[0] for r in mine], dtype=np.int64), [r[2] for r in mine]))
+    if not parts:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=sp.record_dtype())
+    return np.concatenate(steps), np.concatenate(parts)
