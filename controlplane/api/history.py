@@ -3,6 +3,9 @@
 Every series is bucketed (``bucket_s``, default: at most 500 buckets over the range) and read
 from the coarsest downsampled tier that fits, else raw (see moeplane.controlplane.store.history).
 Pages hold at most ``limit`` buckets; pass ``next_start`` as ``start`` for the next page.
+A JSON page is shared by identical reads (ReadCache): after 1 s it is refreshed in the
+background while readers still get it, and it is never served more than 5 s after its
+computation started. CSV is computed for each request.
 """
 
 from __future__ import annotations
