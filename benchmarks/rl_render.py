@@ -7,10 +7,11 @@ Per store (SQLite, PostgreSQL): a job of 1,000 steps x 256 devices x 10 phase sp
 spans, written through the store's RL writer in 50-step reports, not over gRPC) and, as the
 same-run baseline, a small job of 10 steps x 8 devices (800 spans).
 
-- Server: the RL page's timeline callback body (``rl_callbacks.timeline``: a column read, the
-  device x time binning above ``GANTT_MAX_SPANS`` spans, the figure) plus the figure's JSON,
-  split into its parts; and the bare floor of the query: the rows of the range counted by the
-  database alone (``count(*)``), no row leaving it.
+- Server: the RL page's timeline callback body (``rl_callbacks.timeline``: the per-step phase
+  seconds kept at ingest read and decoded, the device x step grid above ``GANTT_MAX_SPANS``
+  spans, the figure) plus the figure's JSON, split into its parts; and, for comparison, the
+  floor of any view computed from the raw spans: the range's spans counted by the database
+  alone (``count(*)``), no row leaving it.
 - Browser: headless Chromium on a real uvicorn server (as ``moeplane serve``); the RL page is
   loaded, the range typed in the step-range picker, and the clock runs in the page from the
   click on Show until the new timeline is drawn (``performance.now()``). The page's other
@@ -33,10 +34,10 @@ import numpy as np
 from benchmarks.scaleharness import pg_database, sqlite_database
 from harness.browser import CHROMEDRIVER, DashboardServer, browser_options
 from harness.simjob import SimJob
-from moeplane.controlplane.rl import timeline_bins as tb
+from moeplane.controlplane.rl import step_phases as sp
 from moeplane.controlplane.rl.phases import PHASE_CODE, ROLE_CODE, Spans
 from moeplane.controlplane.store import rl as store_rl
-from moeplane.controlplane.store import rl_columns
+from moeplane.controlplane.store import rl_steps
 from moeplane.controlplane.store.engine import make_engine
 from moeplane.controlplane.store.migrate import upgrade
 from moeplane.controlplane.store.writes import StoreWriter
@@ -91,8 +92,7 @@ def bare_count(engine, job: str, steps: int) -> float:
 def query_plan(engine, job: str, steps: int) -> str:
     import sqlalchemy as sa
 
-    sql = ("SELECT rank, role, phase, start_ts, end_ts FROM rl_spans "
-           f"WHERE job_id = '{job}' AND step >= 0 AND step < {steps}")
+    sql = f"SELECT step, phases, ranks, data FROM rl_step_phases WHERE job_id = '{job}' AND step >= 0 AND step < {steps}"
     explain = "EXPLAIN QUERY PLAN " if engine.dialect.name == "sqlite" else "EXPLAIN "
     with engine.connect() as conn:
         rows = conn.execute(sa.text(explain + sql)).all()
@@ -100,28 +100,28 @@ def query_plan(engine, job: str, steps: int) -> str:
 
 
 def bench_server(engine, reps: int) -> dict:
-    """The timeline callback's body, whole and (the binned path) part by part in one pass."""
+    """The timeline callback's body, whole and (above GANTT_MAX_SPANS) part by part in one pass:
+    the summary rows' read and decode, the device x step grid, the figure and its JSON."""
     out = {}
     for job, steps, _devices in (SMALL, BIG):
-        total, read, binning, figure = [], [], [], []
+        total, read, grid, figure = [], [], [], []
         for _ in range(reps):
             t = time.perf_counter()
             body = rl_callbacks.timeline(engine, job, 0, steps).to_json()
             total.append(time.perf_counter() - t)
             t0 = time.perf_counter()
-            cols = rl_columns.read_timeline_columns(engine, job, 0, steps)
+            step, records = rl_steps.read(engine, job, 0, steps)
             t1 = time.perf_counter()
-            grid = tb.grid_over(cols.start, cols.end, rl_callbacks.TIMELINE_BINS)
-            seconds = tb.bin_spans(cols.device, cols.phase, cols.start, cols.end, grid, devices=cols.ranks.size)
+            g = sp.grid(step, records)
             t2 = time.perf_counter()
-            labels = [V.device_label(r, k) for r, k in zip(cols.roles.tolist(), cols.ranks.tolist(), strict=True)]
-            V.binned_timeline_figure(labels, grid, seconds).to_json()
+            labels = [V.device_label(r, k) for r, k in zip(g.roles.tolist(), g.ranks.tolist(), strict=True)]
+            V.step_grid_figure(labels, g).to_json()
             read.append(t1 - t0)
-            binning.append(t2 - t1)
+            grid.append(t2 - t1)
             figure.append(time.perf_counter() - t2)
-        out[job] = {"spans": int(cols.phase.size), "binned": cols.phase.size > rl_callbacks.GANTT_MAX_SPANS,
-                    "callback_s": med(total), "read_s": med(read), "bin_s": med(binning),
-                    "binned_figure_json_s": med(figure), "json_bytes": len(body),
+        out[job] = {"spans": g.spans, "per_step": g.spans > rl_callbacks.GANTT_MAX_SPANS, "summary_records": int(step.size),
+                    "callback_s": med(total), "read_s": med(read), "grid_s": med(grid),
+                    "grid_figure_json_s": med(figure), "json_bytes": len(body),
                     "bare_count_s": med([bare_count(engine, job, steps) for _ in range(reps)]),
                     "plan": query_plan(engine, job, steps)}
     return out
@@ -180,7 +180,7 @@ def bench_browser(engine, reps: int) -> dict:
                 before = driver.execute_script(
                     "var p=document.querySelector('#rl-timeline .js-plotly-plot');return p.layout.title.text;")
                 times.append(driver.execute_async_script(_DRAWN, expect, before) / 1000.0)
-            out[job] = {"spans": spans, "binned": expect["heatmap"], "times_s": times, "median_s": med(times)}
+            out[job] = {"spans": spans, "per_step": expect["heatmap"], "times_s": times, "median_s": med(times)}
     finally:
         driver.quit()
         srv.stop()
@@ -196,6 +196,7 @@ def run_store(url: str, reps: int) -> dict:
     if engine.dialect.name == "postgresql":
         with engine.begin() as conn:
             conn.exec_driver_sql("ANALYZE rl_spans")
+            conn.exec_driver_sql("ANALYZE rl_step_phases")
     res = {"spans": n, "fill_s": fill_s, "server": bench_server(engine, reps), "browser": bench_browser(engine, reps)}
     engine.dispose()
     return res

@@ -5,9 +5,9 @@ the dashboard so that its login covers it; the same JSON as REST ``/rl/trace``) 
 ``moeplane.controlplane.store`` (what REST ``/rl/...`` serves); figures are re-drawn only when
 the range or the newest step in it changes.
 
-The timeline draws one bar per span up to ``GANTT_MAX_SPANS`` spans; above that it bins the
-spans (device x ``TIMELINE_BINS`` time bins, ``moeplane.controlplane.rl.timeline_bins``) from a
-column read. The idle analysis covers the newest steps of the range holding at most
+The timeline draws one bar per span up to ``GANTT_MAX_SPANS`` spans; above that, one cell per
+device and step from the per-step phase seconds kept at ingest
+(``moeplane.controlplane.store.rl_steps``), without reading a span. The idle analysis covers the newest steps of the range holding at most
 ``ANALYSIS_MAX_SPANS`` spans, and says so when that is not the whole range.
 
 Element ids: ``rl-from``, ``rl-to``, ``rl-apply``, ``rl-range-status``, ``rl-trace-link``,
@@ -25,18 +25,17 @@ from dash import Input, Output, State, ctx, dcc, html, no_update
 from sqlalchemy.engine import Engine
 
 from moeplane.controlplane.rl import idle
-from moeplane.controlplane.rl import timeline_bins as tb
+from moeplane.controlplane.rl import step_phases as sp
 from moeplane.controlplane.rl.step_window import MAX_STEPS, newest_within, step_window
 from moeplane.controlplane.rl.trace import chrome_trace
 from moeplane.controlplane.store import queries as q
 from moeplane.controlplane.store import rl as store_rl
-from moeplane.controlplane.store import rl_columns
+from moeplane.controlplane.store import rl_columns, rl_steps
 from moeplane.dashboard import rl_loads
 from moeplane.dashboard import rl_views as V
 
 STEPS = 20  # steps shown when the picker is blank
-GANTT_MAX_SPANS = 20_000  # above this many spans in the range, the timeline is binned
-TIMELINE_BINS = 600
+GANTT_MAX_SPANS = 20_000  # above this many spans in the range, the timeline is one cell per device and step
 ANALYSIS_MAX_SPANS = 100_000
 ANALYSIS = ("rl-steps", "rl-heatmap", "rl-tail", "rl-staleness", "rl-sync")
 _CARD = {"padding": "6px 10px", "margin": "4px 0", "border": "1px solid #ddd", "borderRadius": "4px"}
@@ -89,14 +88,13 @@ def picked_range(start: str | None, end: str | None, newest: int | None) -> tupl
 
 
 def timeline(engine: Engine, job_id: str, lo: int, hi: int):
-    """The timeline figure of steps [lo, hi): a Gantt, or binned above ``GANTT_MAX_SPANS``."""
-    cols = rl_columns.read_timeline_columns(engine, job_id, lo, hi)
-    if cols.phase.size <= GANTT_MAX_SPANS:
+    """The timeline figure of steps [lo, hi): a Gantt, or device x step above ``GANTT_MAX_SPANS``."""
+    steps, records = rl_steps.read(engine, job_id, lo, hi)
+    if int(records["spans"].sum()) <= GANTT_MAX_SPANS:
         return V.timeline_figure(store_rl.read_spans(engine, job_id, lo, hi))
-    grid = tb.grid_over(cols.start, cols.end, TIMELINE_BINS)
-    seconds = tb.bin_spans(cols.device, cols.phase, cols.start, cols.end, grid, devices=cols.ranks.size)
-    labels = [V.device_label(r, k) for r, k in zip(cols.roles.tolist(), cols.ranks.tolist(), strict=True)]
-    return V.binned_timeline_figure(labels, grid, seconds)
+    g = sp.grid(steps, records)
+    labels = [V.device_label(r, k) for r, k in zip(g.roles.tolist(), g.ranks.tolist(), strict=True)]
+    return V.step_grid_figure(labels, g)
 
 
 TRACE_PATH = "rl-trace"  # served by the dashboard itself, behind its login like the page

@@ -9,9 +9,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from moeplane.controlplane.rl import idle
-from moeplane.controlplane.rl import timeline_bins as tb
+from moeplane.controlplane.rl import step_phases as sp
 from moeplane.controlplane.rl.phases import PHASES, ROLES, Spans
-from moeplane.controlplane.rl.timeline_bins import Grid
 
 PHASE_COLORS = dict(zip(PHASES, (
     "#1f77b4", "#17becf", "#9467bd", "#c5b0d5", "#8c564b", "#e377c2", "#2ca02c",
@@ -70,30 +69,29 @@ def timeline_figure(spans: Spans) -> go.Figure:
     return fig
 
 
-def binned_timeline_figure(labels: list[str], grid: Grid, seconds: np.ndarray) -> go.Figure:
+def step_grid_figure(labels: list[str], g: sp.StepGrid) -> go.Figure:
     """The timeline of a range too large for one bar per span: one row per device (``labels``
-    [D], as :func:`device_label` writes them), one cell per time bin of ``grid``, coloured by the
-    phase with the most seconds in it (``seconds`` float64 [D, B, P], from
-    ``timeline_bins.bin_spans``), white where the bin holds no span; hover: the busy share of
-    the bin (the sum of every phase's seconds over the bin width; overlapping spans can take it
-    above 1). Sent as int8 codes and float32 shares to keep the figure small."""
-    if seconds.size == 0 or not seconds.any():
+    [D], as :func:`device_label` writes them, for ``g.ranks``), one cell per step of ``g``,
+    coloured by the phase with the most seconds in the step, white where the device has no span
+    in it; hover: that phase's seconds and the device's idle seconds (the step's wall minus its
+    phase seconds). Sent as int8 codes [D, S] and float32 [D, S, 2] to keep the figure small."""
+    if g.steps.size == 0:
         return _empty("timeline: no spans")
-    top = tb.dominant(seconds)  # int8 [D, B], -1: no span (drawn white)
-    busy = (seconds.sum(axis=2) / grid.width).astype(np.float32)
+    top, top_s = g.dominant()
+    hover = np.stack([top_s, g.idle()], axis=2).astype(np.float32)
     order = [labels.index(r) for r in device_rows(labels)][::-1]  # plotly draws row 0 at the bottom
     names = ("no span", *PHASES)
     colors = ("#ffffff", *(PHASE_COLORS[p] for p in PHASES))
     n = len(names)
     scale = [x for i, c in enumerate(colors) for x in ((i / n, c), ((i + 1) / n, c))]
-    x = (np.arange(grid.bins) + 0.5) * grid.width
     fig = go.Figure(go.Heatmap(
-        z=top[order], x=x, y=[labels[i] for i in order], customdata=busy[order], zmin=-1.5, zmax=n - 1.5,
+        z=top[order], x=g.steps, y=[labels[i] for i in order], customdata=hover[order], zmin=-1.5, zmax=n - 1.5,
         colorscale=scale, colorbar={"title": "phase", "tickvals": list(range(-1, n - 1)), "ticktext": list(names)},
-        hovertemplate="%{y} · %{x:.1f}s<br>phase #%{z} (colour bar)<br>busy %{customdata:.0%}<extra></extra>"))
-    fig.update_layout(title=f"timeline, binned: {grid.bins} bins of {grid.width:.1f} s (colour: the phase with the "
-                            "most time); pick a shorter range for one bar per span",
-                      height=max(260, min(4 * len(labels), 900) + 90), xaxis_title="seconds",
+        hovertemplate="%{y} · step %{x}<br>phase #%{z} (colour bar): %{customdata[0]:.2f} s"
+                      "<br>idle %{customdata[1]:.2f} s<extra></extra>"))
+    fig.update_layout(title=f"timeline per step: {g.steps.size:,} steps, {g.spans:,} spans (colour: the phase with "
+                            "the most time in the step); pick a shorter range for one bar per span",
+                      height=max(260, min(4 * len(labels), 900) + 90), xaxis_title="step",
                       margin={"l": 130, "r": 10, "t": 50, "b": 40})
     return fig
 

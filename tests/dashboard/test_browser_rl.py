@@ -1,6 +1,6 @@
 """The RL page in headless Chromium: timeline, per-step bars, idle heatmap, tail, staleness and
 weight sync of stored spans (written through the store's RL writer, as ingest does); the step-range
-picker, its bad inputs, and the binned timeline of a range with too many spans for bars."""
+picker, its bad inputs, and the device x step timeline of a range with too many spans for bars."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from selenium.webdriver.common.keys import Keys
 
 from moeplane.controlplane.rl.phases import PHASES, Spans
 from moeplane.controlplane.store import rl as store_rl
-from moeplane.dashboard.rl_callbacks import GANTT_MAX_SPANS, TIMELINE_BINS
+from moeplane.dashboard.rl_callbacks import GANTT_MAX_SPANS
 from tests.dashboard.browsing import (
     click,
     figure,
@@ -121,9 +121,11 @@ def test_step_range_picker_drives_the_page_and_refuses_bad_ranges(store, dashboa
     assert severe_console_errors(browser) == []
 
 
-def test_a_range_with_too_many_spans_is_binned_and_zooms_to_bars(store, dashboard_server, browser):
-    """64 devices x 11 spans x 30 steps (more than GANTT_MAX_SPANS) from step 500: binned; two
-    steps of it: one bar per span."""
+def test_a_range_with_too_many_spans_is_drawn_per_step_and_zooms_to_bars(store, dashboard_server, browser):
+    """64 devices x 11 spans x 30 steps (more than GANTT_MAX_SPANS) from step 500: one cell per
+    device and step, coloured by the phase with the most time (here the 2.5 s spans tie: the
+    lowest code, generate; rank 0 also has a 9 s train_update in step 503); two steps of it: one
+    bar per span."""
     engine, sim = store
     devices, per, steps = 64, 11, 30
     assert devices * per * steps > GANTT_MAX_SPANS
@@ -131,7 +133,10 @@ def test_a_range_with_too_many_spans_is_binned_and_zooms_to_bars(store, dashboar
     rank = np.tile(np.repeat(np.arange(devices), per), steps)
     k = np.tile(np.arange(per), devices * steps)
     start = 5000.0 + (step - 500) * 40.0 + k * 3.0
-    spans = Spans.build(step, rank, step, k % len(PHASES), np.ones(step.size, dtype=int), start, start + 2.5,
+    end = start + 2.5
+    phase = k % len(PHASES)
+    end[(step == 503) & (rank == 0) & (phase == PHASES.index("train_update"))] += 6.5
+    spans = Spans.build(step, rank, step, phase, np.ones(step.size, dtype=int), start, end,
                         np.zeros(step.size, dtype=int))
     store_rl.save_report(engine, sim.job_id, "node-big", spans)
     browser.get(dashboard_server.url + "rl")
@@ -141,10 +146,17 @@ def test_a_range_with_too_many_spans_is_binned_and_zooms_to_bars(store, dashboar
         fig = figure(browser, "rl-timeline")
         return fig if fig and fig["data"] and fig["data"][0]["type"] == "heatmap" else None
 
-    fig = wait_for(heatmap, timeout=60, what="the binned timeline")
-    x = fig["data"][0]["x"]  # numpy arrays travel base64-encoded; plotly.js keeps the decoded values
-    assert len(fig["data"][0]["y"]) == devices and len(x["_inputArray"] if isinstance(x, dict) else x) == TIMELINE_BINS
-    assert "binned" in fig["layout"]["title"]["text"]
+    fig = wait_for(heatmap, timeout=60, what="the device x step timeline")
+
+    def decoded(v):  # numpy arrays travel base64-encoded; plotly.js keeps the decoded values
+        v = v["_inputArray"] if isinstance(v, dict) else v
+        return [v[str(i)] for i in range(len(v) - ("length" in v))] if isinstance(v, dict) else v
+
+    trace = fig["data"][0]
+    assert decoded(trace["x"]) == list(range(500, 530)) and len(trace["y"]) == devices
+    assert "per step" in fig["layout"]["title"]["text"]
+    row = trace["y"].index("rollout · rank 0")
+    assert [decoded(r) for r in decoded(trace["z"])][row][:4] == [0, 0, 0, PHASES.index("train_update")]
     _pick(browser, "510", "511")
     wait_for(lambda: _bars(browser) == 2 * devices * per, timeout=30, what="bars for two steps")
     assert severe_console_errors(browser) == []
