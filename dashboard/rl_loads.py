@@ -2,9 +2,11 @@
 training (one heatmap layer x expert per phase, each cell the expert's share of its layer's
 tokens), and per layer the busiest expert over the mean expert per phase.
 
-Reads the newest ``STEPS`` steps with phase loads through
-:mod:`moeplane.controlplane.store.rl_loads` (what REST ``/rl/loads`` serves) and re-draws only
-when a newer step arrived. Element ids: ``rl-loads``, ``rl-loads-balance``.
+Follows the page's step-range picker (the applied range in ``rl-range``, written by
+:mod:`moeplane.dashboard.rl_callbacks`): the steps picked, or, while the picker is blank, the
+newest ``STEPS`` steps with phase loads (live). Read through
+:mod:`moeplane.controlplane.store.rl_loads` (what REST ``/rl/loads`` serves); re-drawn only when
+the range or the newest step with loads changes. Element ids: ``rl-loads``, ``rl-loads-balance``.
 """
 
 from __future__ import annotations
@@ -84,25 +86,38 @@ def section() -> html.Div:
     ])
 
 
+def loads_range(applied: dict, newest: int | None) -> tuple[int, int] | None:
+    """[lo, hi) of the loads to show: the picker's applied range (``applied``: the ``rl-range``
+    data, with ``lo``, ``hi`` and the ``picked`` texts), or, when the picker is blank, the
+    newest ``STEPS`` steps up to ``newest`` (the newest step with loads; None: none, no range)."""
+    if any((text or "").strip() for text in applied.get("picked") or ()):
+        return int(applied["lo"]), int(applied["hi"])
+    if newest is None:
+        return None
+    return max(0, int(newest) + 1 - STEPS), int(newest) + 1
+
+
 def register(app, engine: Engine) -> None:
     @app.callback(
         Output("rl-loads", "figure"),
         Output("rl-loads-balance", "figure"),
         Output("rl-loads-shown", "data"),
-        Input("job-select", "value"),
+        Input("rl-range", "data"),
         Input("rl-tick", "n_intervals"),
         State("rl-loads-shown", "data"),
     )
-    def refresh(job_id, _n, shown):
-        if not job_id:
+    def refresh(applied, _n, shown):
+        if not applied:
             return no_update, no_update, no_update
+        job_id = applied["job"]
         newest = rl_loads.latest_step(engine, job_id)
-        state = {"job": job_id, "newest": newest}
+        steps = loads_range(applied, newest)
+        state = {"job": job_id, "steps": steps, "newest": newest}
         if shown == state:
             return no_update, no_update, no_update
-        if newest is None:
+        if steps is None:
             return loads_figure([]), balance_figure([]), state
-        lo, hi = max(0, int(newest) + 1 - STEPS), int(newest) + 1
+        lo, hi = steps
         sums = rl_loads.sum_by_phase(engine, job_id, lo, hi)
         phases = summarize(sums.phases, sums.counts)
         return loads_figure(phases, (lo, hi - 1)), balance_figure(phases), state
