@@ -77,15 +77,15 @@ def step_grid_figure(labels: list[str], g: sp.StepGrid) -> go.Figure:
     phase seconds). Sent as int8 codes [D, S] and float32 [D, S, 2] to keep the figure small."""
     if g.steps.size == 0:
         return _empty("timeline: no spans")
-    top, top_s = g.dominant()
-    hover = np.stack([top_s, g.idle()], axis=2).astype(np.float32)
+    top, top_s = g.dominant()  # [S, D]
     order = [labels.index(r) for r in device_rows(labels)][::-1]  # plotly draws row 0 at the bottom
+    hover = np.stack([top_s[:, order].T, g.idle()[:, order].T], axis=2).astype(np.float32)
     names = ("no span", *PHASES)
     colors = ("#ffffff", *(PHASE_COLORS[p] for p in PHASES))
     n = len(names)
     scale = [x for i, c in enumerate(colors) for x in ((i / n, c), ((i + 1) / n, c))]
     fig = go.Figure(go.Heatmap(
-        z=top[order], x=g.steps, y=[labels[i] for i in order], customdata=hover[order], zmin=-1.5, zmax=n - 1.5,
+        z=top[:, order].T, x=g.steps, y=[labels[i] for i in order], customdata=hover, zmin=-1.5, zmax=n - 1.5,
         colorscale=scale, colorbar={"title": "phase", "tickvals": list(range(-1, n - 1)), "ticktext": list(names)},
         hovertemplate="%{y} · step %{x}<br>phase #%{z} (colour bar): %{customdata[0]:.2f} s"
                       "<br>idle %{customdata[1]:.2f} s<extra></extra>"))

@@ -87,10 +87,11 @@ def widen(records: np.ndarray, phases: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class StepGrid:
-    """D devices x S steps. steps int64 [S] ascending; ranks int32 [D] ascending (-1: the job's
-    timers); roles int8 [D]; seconds float64 [D, S, P] (phase seconds, P = len(PHASES));
-    present bool [D, S] (the device has a span in the step); wall float64 [S] (the step's first
-    start to its last end over every device, s); spans int (all spans counted)."""
+    """S steps x D devices (step-major, the order of the stored records). steps int64 [S]
+    ascending; ranks int32 [D] ascending (-1: the job's timers); roles int8 [D]; seconds
+    float64 [S, D, P] (phase seconds, P = len(PHASES)); present bool [S, D] (the device has a
+    span in the step); wall float64 [S] (the step's first start to its last end over every
+    device, s); spans int (all spans counted)."""
 
     steps: np.ndarray
     ranks: np.ndarray
@@ -101,36 +102,47 @@ class StepGrid:
     spans: int
 
     def idle(self) -> np.ndarray:
-        """float64 [D, S]: the step's wall minus the device's phase seconds (at least 0; NaN
+        """float64 [S, D]: the step's wall minus the device's phase seconds (at least 0; NaN
         where the device has no span in the step)."""
         busy = self.seconds.sum(axis=2)
-        return np.where(self.present, np.maximum(self.wall[None, :] - busy, 0.0), np.nan)
+        return np.where(self.present, np.maximum(self.wall[:, None] - busy, 0.0), np.nan)
 
     def dominant(self) -> tuple[np.ndarray, np.ndarray]:
-        """(int8 [D, S] the phase with the most seconds, -1 where no span; float64 [D, S] its
+        """(int8 [S, D] the phase with the most seconds, -1 where no span; float64 [S, D] its
         seconds)."""
-        top = np.argmax(self.seconds, axis=2)
-        top_s = np.take_along_axis(self.seconds, top[:, :, None], axis=2)[:, :, 0]
-        return np.where(self.present, top, -1).astype(np.int8), top_s
+        top = np.argmax(self.seconds, axis=2).astype(np.int8)
+        return np.where(self.present, top, np.int8(-1)), self.seconds.max(axis=2)
 
 
 def grid(step: np.ndarray, records: np.ndarray) -> StepGrid:
-    """The device x step grid of records (step int64 [K], records [K] of :func:`record_dtype`
-    with len(PHASES) phases); a rank summarized under two nodes adds up."""
+    """The step x device grid of records (step int64 [K], records [K] of :func:`record_dtype`
+    with len(PHASES) phases); a rank summarized under two nodes adds up. Records already in
+    step-major cell order (one node per step, or nodes in rank order) are used in place; else
+    each cell is written by assignment, or with ``ufunc.at`` when some cell has two records."""
     phases = len(PHASES)
     steps, si = np.unique(np.asarray(step, dtype=np.int64), return_inverse=True)
     ranks, di = np.unique(records["rank"], return_inverse=True)
-    si, di = si.reshape(-1), di.reshape(-1)
     d, s = ranks.size, steps.size
-    roles = np.full(d, -1, dtype=np.int8)
-    np.maximum.at(roles, di, records["role"])
-    cell = di * s + si
-    flat = (cell[:, None] * phases + np.arange(phases)[None, :]).reshape(-1)
-    seconds = np.bincount(flat, weights=records["seconds"].reshape(-1), minlength=d * s * phases)
-    present = np.zeros(d * s, dtype=bool)
-    present[cell] = True
-    lo, hi = np.full(s, np.inf), np.full(s, -np.inf)
-    np.minimum.at(lo, si, records["first"])
-    np.maximum.at(hi, si, records["last"])
-    return StepGrid(steps, ranks.astype(np.int32), roles, seconds.reshape(d, s, phases), present.reshape(d, s),
-                    hi - lo, int(records["spans"].sum()))
+    cell = si.reshape(-1) * d + di.reshape(-1)
+    spans = int(records["spans"].sum())
+    if cell.size == d * s and (cell == np.arange(d * s)).all():  # every cell once, in order
+        wall = (records["last"].reshape(s, d).max(axis=1, initial=-np.inf)
+                - records["first"].reshape(s, d).min(axis=1, initial=np.inf))
+        return StepGrid(steps, ranks.astype(np.int32), records["role"].reshape(s, d).max(axis=0, initial=-1),
+                        np.ascontiguousarray(records["seconds"]).reshape(s, d, phases), np.ones((s, d), dtype=bool),
+                        wall, spans)
+    counts = np.bincount(cell, minlength=d * s)
+    seconds = np.zeros((d * s, phases))
+    first, last = np.full(d * s, np.inf), np.full(d * s, -np.inf)
+    role = np.full(d * s, -1, dtype=np.int8)
+    if counts.max(initial=0) <= 1:
+        seconds[cell], first[cell], last[cell], role[cell] = (
+            records["seconds"], records["first"], records["last"], records["role"])
+    else:
+        np.add.at(seconds, cell, records["seconds"])
+        np.minimum.at(first, cell, records["first"])
+        np.maximum.at(last, cell, records["last"])
+        np.maximum.at(role, cell, records["role"])
+    wall = last.reshape(s, d).max(axis=1, initial=-np.inf) - first.reshape(s, d).min(axis=1, initial=np.inf)
+    return StepGrid(steps, ranks.astype(np.int32), role.reshape(s, d).max(axis=0, initial=-1),
+                    seconds.reshape(s, d, phases), (counts > 0).reshape(s, d), wall, spans)

@@ -53,18 +53,27 @@ def add(conn: Connection, job_id: str, node_id: str, step, rank, role, phase, st
 
 def read(engine: Engine, job_id: str, step_start: int, step_end: int) -> tuple[np.ndarray, np.ndarray]:
     """(steps int64 [K], records [K] of ``record_dtype(len(PHASES))``): every (step, rank)
-    record of the job's steps [step_start, step_end), unordered."""
-    stmt = (sa.select(_C.step, _C.phases, _C.ranks, _C.data)
-            .where(_C.job_id == job_id, _C.step >= int(step_start), _C.step < int(step_end)))
+    record of the job's steps [step_start, step_end), in (step, node) order. PostgreSQL sends
+    the rows in binary (bytea as hex text would cost about 4x the time)."""
+    sql = "SELECT step, phases, ranks, data FROM rl_step_phases WHERE job_id = {0} AND step >= {0} AND step < {0} " \
+          "ORDER BY step, node_id"
+    args = (job_id, int(step_start), int(step_end))
     with engine.connect() as conn:
-        rows = conn.execute(stmt).all()
+        raw = conn.connection.driver_connection
+        if engine.dialect.name == "postgresql":
+            with raw.cursor(binary=True) as cur:
+                rows = cur.execute(sql.format("%s"), args).fetchall()
+        else:
+            rows = raw.execute(sql.format("?"), args).fetchall()
     steps, parts = [], []
-    widths = sorted({int(r[1]) for r in rows})
-    for p in widths:
+    for p in sorted({int(r[1]) for r in rows}):
         mine = [r for r in rows if r[1] == p]
         records = np.frombuffer(b"".join(bytes(r[3]) for r in mine), dtype=sp.record_dtype(p))
         parts.append(sp.widen(records, len(PHASES)))
         steps.append(np.repeat(np.array([r[0] for r in mine], dtype=np.int64), [r[2] for r in mine]))
     if not parts:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=sp.record_dtype())
-    return np.concatenate(steps), np.concatenate(parts)
+    if len(parts) == 1:
+        return steps[0], parts[0]
+    order = np.argsort(np.concatenate(steps), kind="stable")  # rows of two phase widths: back to step order
+    return np.concatenate(steps)[order], np.concatenate(parts)[order]

@@ -26,12 +26,12 @@ def _spans(rng, n: int, rank_lo: int, rank_hi: int, t: float = 1000.0) -> Spans:
 def _reference(stored: Spans) -> sp.StepGrid:
     """One span at a time, from what the spans table holds."""
     steps, ranks = np.unique(stored.step), np.unique(stored.rank)
-    seconds = np.zeros((ranks.size, steps.size, len(PHASES)))
-    present = np.zeros((ranks.size, steps.size), dtype=bool)
+    seconds = np.zeros((steps.size, ranks.size, len(PHASES)))
+    present = np.zeros((steps.size, ranks.size), dtype=bool)
     for s, r, p, a, b in zip(stored.step, stored.rank, stored.phase, stored.start, stored.end, strict=True):
         d, k = np.searchsorted(ranks, r), np.searchsorted(steps, s)
-        seconds[d, k, p] += b - a
-        present[d, k] = True
+        seconds[k, d, p] += b - a
+        present[k, d] = True
     wall = np.array([stored.end[stored.step == s].max() - stored.start[stored.step == s].min() for s in steps])
     return sp.StepGrid(steps, ranks.astype(np.int32), np.zeros(0), seconds, present, wall, len(stored))
 
@@ -101,3 +101,27 @@ def test_summarize_and_merge_add_up_and_refuse_narrowing():
     assert int(sp.merge(first, second)["spans"].sum()) == 200
     with pytest.raises(ValueError, match="more than"):
         sp.widen(rec, 3)
+
+
+def test_grid_is_the_same_in_order_shuffled_and_split_over_two_nodes():
+    rng = np.random.default_rng(8)
+    s = Spans.build(np.repeat(np.arange(5), 40), np.tile(np.arange(-1, 7), 25), np.zeros(200),
+                    rng.integers(0, len(PHASES), 200), np.ones(200), np.arange(200.0), np.arange(200.0) + 1.5,
+                    np.zeros(200))
+    steps, rec = sp.summarize(s.step, s.rank, s.role, s.phase, s.start, s.end)  # 5 steps x 8 ranks, in order
+    whole = sp.grid(steps, rec)
+    assert whole.present.all() and whole.spans == 200 and whole.wall.tolist() == [40.5] * 5
+    perm = rng.permutation(steps.size)
+    for st, r in ((steps[perm], rec[perm]), (steps[perm][:30], rec[perm][:30])):  # shuffled; cells missing
+        part = sp.grid(st, r)
+        k = np.searchsorted(whole.steps, part.steps)[:, None]
+        d = np.searchsorted(whole.ranks, part.ranks)[None, :]
+        np.testing.assert_array_equal(part.seconds[part.present], whole.seconds[k, d][part.present])
+        assert part.present.sum() == len(r)
+    half = rec.copy()
+    half["seconds"] /= 2  # every record split over two nodes: both halves add up
+    two = sp.grid(np.r_[steps, steps], np.r_[half, half])
+    np.testing.assert_allclose(two.seconds, whole.seconds)
+    assert two.spans == 400 and (two.roles == whole.roles).all()
+    top, top_s = whole.dominant()
+    np.testing.assert_array_equal(top, whole.seconds.argmax(axis=2))
