@@ -31,12 +31,12 @@ def summarize(step, rank, role, phase, start, end, phases: int = len(PHASES)) ->
     out = np.zeros(0, dtype=record_dtype(phases))
     if step.size == 0:
         return np.zeros(0, dtype=np.int64), out
-    keys, cell = np.unique(np.stack([step, rank], axis=1), axis=0, return_inverse=True)
+    keys, cell = np.unique((step << 32) + (rank + 2**31), return_inverse=True)  # rank: int32
     cell = cell.reshape(-1)
-    k = keys.shape[0]
+    k = keys.size
     start, end = np.asarray(start, dtype=np.float64), np.asarray(end, dtype=np.float64)
     out = np.zeros(k, dtype=record_dtype(phases))
-    out["rank"] = keys[:, 1]
+    out["rank"] = (keys & 0xFFFFFFFF) - 2**31
     out["first"], out["last"] = np.inf, -np.inf
     np.minimum.at(out["first"], cell, start)
     np.maximum.at(out["last"], cell, end)
@@ -46,7 +46,7 @@ def summarize(step, rank, role, phase, start, end, phases: int = len(PHASES)) ->
     out["spans"] = np.bincount(cell, minlength=k)
     flat = cell * phases + np.asarray(phase, dtype=np.int64)
     out["seconds"] = np.bincount(flat, weights=end - start, minlength=k * phases).reshape(k, phases)
-    return keys[:, 0], out
+    return keys >> 32, out
 
 
 def merge(old: np.ndarray, new: np.ndarray) -> np.ndarray:

@@ -12,43 +12,47 @@ already holds the write lock) does the same. :func:`read` decodes a range's rows
 from __future__ import annotations
 
 import numpy as np
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from moeplane.controlplane.rl import step_phases as sp
 from moeplane.controlplane.rl.phases import PHASES
-from moeplane.controlplane.store.rl_tables import rl_step_phases
 
-_C = rl_step_phases.c
+_UPSERT = ("INSERT INTO rl_step_phases (job_id, step, node_id, phases, ranks, data) VALUES ({0}, {0}, {0}, {0}, {0}, {0}) "
+           "ON CONFLICT (job_id, step, node_id) DO UPDATE SET phases = excluded.phases, ranks = excluded.ranks, "
+           "data = excluded.data")
 
 
 def add(conn: Connection, job_id: str, node_id: str, step, rank, role, phase, start, end) -> None:
     """Add N newly stored spans of ``node_id`` (step, rank, role, phase int [N]; start, end
-    float64 [N], unix s) to their steps' rows."""
+    float64 [N], unix s) to their steps' rows. Plain driver SQL: this runs once per report."""
     steps, records = sp.summarize(step, rank, role, phase, start, end)
     if steps.size == 0:
         return
-    if conn.dialect.name == "postgresql":
-        conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))"),
-                     {"k": f"rl_step_phases/{job_id}/{node_id}"})
+    raw = conn.connection.driver_connection
     distinct = np.unique(steps).tolist()
-    old = {}
-    for i in range(0, len(distinct), 1000):
-        rows = conn.execute(sa.select(_C.step, _C.phases, _C.data).where(
-            _C.job_id == job_id, _C.node_id == node_id, _C.step.in_(distinct[i:i + 1000]))).all()
-        old.update({int(s): np.frombuffer(d, dtype=sp.record_dtype(p)) for s, p, d in rows})
+    if conn.dialect.name == "postgresql":
+        raw.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"rl_step_phases/{job_id}/{node_id}",))
+        with raw.cursor(binary=True) as cur:
+            rows = cur.execute("SELECT step, phases, data FROM rl_step_phases WHERE job_id = %s AND node_id = %s "
+                               "AND step = ANY(%s)", (job_id, node_id, distinct)).fetchall()
+        mark = "%s"
+    else:
+        rows = []
+        for i in range(0, len(distinct), 500):
+            part = distinct[i:i + 500]
+            rows += raw.execute("SELECT step, phases, data FROM rl_step_phases WHERE job_id = ? AND node_id = ? "
+                                f"AND step IN ({', '.join('?' * len(part))})", (job_id, node_id, *part)).fetchall()
+        mark = "?"
+    old = {int(s): np.frombuffer(bytes(d), dtype=sp.record_dtype(p)) for s, p, d in rows}
     cut = np.flatnonzero(np.diff(steps)) + 1
     out = []
     for s, rec in zip(np.split(steps, cut), np.split(records, cut), strict=True):
         key = int(s[0])
         merged = sp.merge(old[key], rec) if key in old else rec
-        out.append({"job_id": job_id, "step": key, "node_id": node_id, "phases": merged.dtype["seconds"].shape[0],
-                    "ranks": merged.size, "data": merged.tobytes()})
-    insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(rl_step_phases)
-    conn.execute(insert.on_conflict_do_update(
-        index_elements=["job_id", "step", "node_id"],
-        set_={"phases": insert.excluded.phases, "ranks": insert.excluded.ranks, "data": insert.excluded.data}), out)
+        out.append((job_id, key, node_id, merged.dtype["seconds"].shape[0], merged.size, merged.tobytes()))
+    cur = raw.cursor()
+    cur.executemany(_UPSERT.format(mark), out)
+    cur.close()
 
 
 def read(engine: Engine, job_id: str, step_start: int, step_end: int) -> tuple[np.ndarray, np.ndarray]:
