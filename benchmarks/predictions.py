@@ -12,6 +12,16 @@ Error of a plan: ``|measured - predicted| / measured``. Baseline, same run and p
 in-sample figure the controller used before, each pushed placement scored with routing on the
 window it was fitted to (the ``window_steps`` steps up to the last one stored when the plan
 was created; loads and placements from the database).
+
+``--recompute`` adds a row: this version's ``expected_balancedness`` of the same pushed
+placements, recomputed offline from the windows the controller saw (as the baseline's; ahead:
+``measured_steps`` at the window's mean step time). A plan decided on fewer steps than were
+stored by its ``created_at`` (the decision ran while later steps arrived) takes
+``--seen EPOCH=LAST:AHEAD``: its window ends at step LAST and it looks AHEAD steps ahead (found
+by reproducing the pushed figure with the version that pushed it). For a real run:
+
+    .venv/bin/python -m benchmarks.predictions --url http://127.0.0.1:PORT \
+        --database /tmp/tm/tm.sqlite --job train-moe --recompute --seen 1=2:9
 """
 
 from __future__ import annotations
@@ -27,27 +37,57 @@ import httpx
 import numpy as np
 
 from moeplane.controlplane.balancing import routed_balancedness
-from moeplane.controlplane.balancing.prediction import MEASURE_STEPS
+from moeplane.controlplane.balancing.prediction import (
+    MEASURE_STEPS,
+    expected_balancedness,
+    measured_steps,
+)
 from moeplane.controlplane.procs import MOEPLANE, free_port, wait_until
 from moeplane.controlplane.store import plans as P
 from moeplane.controlplane.store import queries as q
 from moeplane.controlplane.store.engine import make_engine
 
 
-def in_sample(database: str, job: str, plans: list[dict]) -> dict[int, float]:
-    """epoch -> the placement's mean routed balancedness over the steps it was fitted to."""
+def windows(database: str, job: str, plans: list[dict],
+            seen: dict[int, tuple[int, int]] | None = None):
+    """Yield (plan, window [W, L, E] tokens, ahead steps, phy2log [L, G*S]) for each plan: the
+    ``window_steps`` steps up to the last one stored when it was created (or ``seen[epoch]``'s
+    last step), and ``measured_steps`` at the window's mean step time (or ``seen``'s count)."""
     engine = make_engine(f"sqlite:///{database}")
     rows = q.loads_history(engine, job, q.Range(step_start=0, limit=q.MAX_LIMIT))
     ts = np.array([r["ts"] for r in rows])
-    window = P.get_policy(engine, job).window_steps
-    out = {}
+    steps = [r["step"] for r in rows]
+    policy = P.get_policy(engine, job)
+    stats = q.step_stats_history(engine, job, q.Range(step_start=0, limit=q.MAX_LIMIT))
     for p in plans:
         last = int(np.searchsorted(ts, p["created_at"], side="right")) - 1
-        loads = np.stack([r["counts"] for r in rows[max(0, last - window + 1) : last + 1]])
-        p2l = P.get_plan(engine, job, p["epoch"])["phy2log"]
-        out[p["epoch"]] = float(routed_balancedness(loads.astype(np.float64), p2l,
-                                                    gpus=p["world_size"]).mean())
-    return out
+        n = None
+        if seen and p["epoch"] in seen:
+            last_step, n = seen[p["epoch"]]
+            last = steps.index(last_step)
+        lo = max(0, last - policy.window_steps + 1)
+        loads = np.stack([r["counts"] for r in rows[lo : last + 1]]).astype(np.float64)
+        if n is None:
+            times = [s["step_time_s"] for s in stats if steps[lo] <= s["step"] <= steps[last]]
+            ahead = measured_steps(policy.min_interval_s, float(np.mean(times)) if times else 1.0)
+        else:
+            ahead = measured_steps(0.0, 1.0)[0] + np.arange(n)
+        yield p, loads, tuple(int(a) for a in ahead), P.get_plan(engine, job, p["epoch"])["phy2log"]
+
+
+def in_sample(database: str, job: str, plans: list[dict],
+              seen: dict[int, tuple[int, int]] | None = None) -> dict[int, float]:
+    """epoch -> the placement's mean routed balancedness over the steps it was fitted to."""
+    return {p["epoch"]: float(routed_balancedness(loads, p2l, gpus=p["world_size"]).mean())
+            for p, loads, _, p2l in windows(database, job, plans, seen)}
+
+
+def recomputed(database: str, job: str, plans: list[dict],
+               seen: dict[int, tuple[int, int]] | None = None) -> dict[int, float]:
+    """epoch -> this version's ``expected_balancedness`` of the pushed placement."""
+    return {p["epoch"]: float(expected_balancedness(loads, [p2l], gpus=p["world_size"],
+                                                    ahead=ahead)[0].mean())
+            for p, loads, ahead, p2l in windows(database, job, plans, seen)}
 
 
 def errors(plans: list[dict], predicted: dict[int, float]) -> np.ndarray:
@@ -67,7 +107,8 @@ def row(name: str, plans: list[dict], predicted: dict[int, float]) -> str:
             f"{e.mean():+.1f} % | {(np.abs(e) > 5).sum()} | {tail} |")
 
 
-def report(url: str, database: str, job: str) -> None:
+def report(url: str, database: str, job: str, *, recompute: bool = False,
+           seen: dict[int, tuple[int, int]] | None = None) -> None:
     got = httpx.get(f"{url}/api/v1/jobs/{job}/plans", params={"limit": 1000}, timeout=30)
     got.raise_for_status()
     plans = sorted((p for p in got.json() if p["measured_after"] is not None
@@ -76,9 +117,12 @@ def report(url: str, database: str, job: str) -> None:
           "mean signed | plans over 5 % | applied from step 300 on: plans, mean, worst |")
     print("|---|---|---|---|---|---|---|")
     print(row("in-sample (baseline: the window it was fitted to)", plans,
-              in_sample(database, job, plans)))
+              in_sample(database, job, plans, seen)))
     print(row("out of sample (`expected_balancedness`, pushed)", plans,
               {p["epoch"]: p["predicted_after"] for p in plans}))
+    if recompute:
+        print(row("out of sample, this version (recomputed offline)", plans,
+                  recomputed(database, job, plans, seen)))
 
 
 def run_demo(steps: int, job: str) -> None:
@@ -119,11 +163,20 @@ def main() -> None:
     ap.add_argument("--url", help="a running demo's REST base URL (with --database)")
     ap.add_argument("--database", help="that demo's SQLite file")
     ap.add_argument("--job", default="demo-job")
+    ap.add_argument("--recompute", action="store_true",
+                    help="add this version's prediction of the same plans, recomputed offline")
+    ap.add_argument("--seen", action="append", default=[], metavar="EPOCH=LAST:AHEAD",
+                    help="the window of plan EPOCH ends at step LAST and looks AHEAD steps ahead")
     a = ap.parse_args()
+    try:
+        seen = {int(e): (int(last), int(n)) for e, rest in (x.split("=") for x in a.seen)
+                for last, n in [rest.split(":")]}
+    except ValueError:
+        ap.error("--seen takes EPOCH=LAST:AHEAD")
     if a.url:
         if not a.database:
             ap.error("--url needs --database")
-        report(a.url, a.database, a.job)
+        report(a.url, a.database, a.job, recompute=a.recompute, seen=seen)
     else:
         run_demo(a.steps, a.job)
 

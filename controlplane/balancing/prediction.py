@@ -272,23 +272,38 @@ def drift_and_noise(window: np.ndarray) -> tuple[float, np.ndarray]:
     ``noise[l, e] = c0 + c1 / (1 + mean_t x[t, l, e])`` (batch-to-batch variation, and
     counting noise, which scales as one over the count). ``drift``, ``c0``, ``c1`` >= 0 are
     fitted by least squares over every lag k of the window to
-    ``(y[t + k] - y[t])^2 = k * drift + 2 * noise``. With two steps (one lag) the two cannot
-    be told apart and all of it counts as drift; with one step both are 0."""
+    ``(y[t + k] - y[t])^2 = k * drift + 2 * noise``, each expert's rows weighted by its share
+    of its layer's tokens (``mean_t x[t, l, e]`` over the layer's mean expert; the squared
+    residuals by its square): a log-error moves a GPU's load in proportion to the expert's
+    tokens, so the fit describes the experts that carry the load. In a real run the small
+    experts' log-loads move several times as much as the big ones' (in the 4 x 16-expert torch
+    run of docs/bench-predictions.md, 7-24x at lag 1, split at the median); unweighted, their drift
+    was imposed on the big experts and the prediction overshot by 27-37 %. With two steps (one
+    lag) drift and noise cannot be told apart and all of it counts as drift (the same weights);
+    with one step both are 0."""
     h = _check_history(window)
     steps = h.shape[0]
-    inv = 1.0 / (1.0 + h.mean(axis=0))  # [L, E]
+    mean = h.mean(axis=0)  # [L, E] tokens
+    inv = 1.0 / (1.0 + mean)
     if steps < 2:
+        return 0.0, np.zeros_like(inv)
+    # [L*E] an expert's share of its layer's tokens, relative to the layer's mean expert
+    share = np.divide(mean, mean.mean(axis=1, keepdims=True), out=np.zeros_like(mean),
+                      where=mean.mean(axis=1, keepdims=True) > 0).ravel()
+    if not share.any():
         return 0.0, np.zeros_like(inv)
     y = np.log1p(h)
     if steps == 2:
-        return float(((y[1] - y[0]) ** 2).mean()), np.zeros_like(inv)
+        sq = ((y[1] - y[0]) ** 2).ravel()
+        return float(sq @ share**2 / (share @ share)), np.zeros_like(inv)
     rows, targets = [], []
     for k in range(1, steps):
         sq = ((y[k:] - y[:-k]) ** 2).mean(axis=0)  # [L, E], over the window's pairs
-        # weight ~ pairs / variance of a lag-k square: long lags share most of their path
-        scale = np.sqrt(steps - k) / k
-        rows.append(scale * np.stack([np.full(inv.size, float(k)), np.full(inv.size, 2.0),
-                                      2.0 * inv.ravel()], axis=1))
+        # weight ~ pairs / variance of a lag-k square (long lags share most of their path),
+        # times the expert's share of the tokens
+        scale = np.sqrt(steps - k) / k * share
+        rows.append(scale[:, None] * np.stack([np.full(inv.size, float(k)), np.full(inv.size, 2.0),
+                                               2.0 * inv.ravel()], axis=1))
         targets.append(scale * sq.ravel())
     drift, c0, c1 = _nonnegative_lstsq(np.concatenate(rows), np.concatenate(targets))
     return float(drift), c0 + c1 * inv

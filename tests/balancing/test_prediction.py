@@ -200,3 +200,33 @@ def test_a_step_read_before_every_node_reported_does_not_move_the_prediction():
     (whole,) = expected_balancedness(trace, [p2l], gpus=8)
     (part,) = expected_balancedness(partial, [p2l], gpus=8)
     assert abs(part.mean() - whole.mean()) < 0.01 * whole.mean()
+
+
+def _mixed_drift_trace(steps=40, layers=4, seed=5):
+    """[steps, layers, 16] tokens: 4 big experts (~1,000 tokens) whose log-loads walk by 0.03 a
+    step, and 12 small ones (~30 tokens) whose log-loads swing by 0.6 about their level (AR(1),
+    0.8 a step): as in a real torch run, where the small experts move several times as much,
+    in log terms, as the big ones."""
+    rng = np.random.default_rng(seed)
+    big = np.log(1000.0) + np.cumsum(rng.normal(0.0, 0.03, size=(steps, layers, 4)), axis=0)
+    swing = np.zeros((steps, layers, 12))
+    for t in range(1, steps):
+        swing[t] = 0.8 * swing[t - 1] + rng.normal(0.0, 0.6 * np.sqrt(1 - 0.8**2), size=(layers, 12))
+    level = np.concatenate([big, np.log(30.0) + swing], axis=2)
+    return rng.poisson(np.exp(level)).astype(np.float64)
+
+
+def test_the_drift_is_that_of_the_experts_that_carry_the_tokens():
+    trace = _mixed_drift_trace()
+    drift, _ = drift_and_noise(trace[:20])
+    # about the big experts' 0.03 ** 2 = 0.0009 a step, not what the small ones' swings add to
+    # an unweighted fit
+    assert drift < 0.005, drift
+    # and what a placement then measures is predicted within 5 % (an unweighted fit draws the
+    # big experts with the small ones' drift and predicts far too high)
+    win, gpus = trace[:20], 4
+    p2l = plan_placement(ema_forecast(win, alpha=0.3), gpus=gpus, slots_per_gpu=5).phy2log
+    later = trace[19 + AHEAD_STEPS[0] : 19 + AHEAD_STEPS[-1] + 1]
+    measured = routed_balancedness(later, p2l, gpus=gpus).mean()
+    (ahead,) = expected_balancedness(win, [p2l], gpus=gpus)
+    assert abs(ahead.mean() - measured) < 0.05 * measured, (ahead.mean(), measured)
