@@ -1,5 +1,6 @@
-"""RL router: a job's phase spans, a binned timeline, weight syncs, consumed batches, idle
-analysis and a Chrome-trace export, over a step range [step_start, step_end).
+"""RL router: a job's phase spans, a binned timeline, phase seconds per step and device, weight
+syncs, consumed batches, idle analysis and a Chrome-trace export, over a step range
+[step_start, step_end).
 
 Without a range the newest ``DEFAULT_STEPS`` steps with spans are read. A range with
 step_end <= step_start, or wider than ``MAX_STEPS``, is refused with 422.
@@ -17,11 +18,13 @@ from pydantic import BaseModel
 from moeplane.controlplane.api.deps import EngineDep
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
 from moeplane.controlplane.rl import idle
+from moeplane.controlplane.rl import step_phases as sp
 from moeplane.controlplane.rl import timeline_bins as tb
 from moeplane.controlplane.rl.phases import PHASES, ROLES
 from moeplane.controlplane.rl.step_window import DEFAULT_STEPS, MAX_STEPS, step_window
 from moeplane.controlplane.rl.trace import chrome_trace
 from moeplane.controlplane.store import rl as store_rl
+from moeplane.controlplane.store import rl_steps
 from moeplane.controlplane.store.queries import require_job
 from moeplane.controlplane.store.rl_columns import read_timeline_columns
 
@@ -216,6 +219,52 @@ async def timeline(engine: EngineDep, job_id: JobId, step_start: StepStart = Non
         "width_s": grid.width, "bins": grid.bins, "phases": list(PHASES), "ranks": cols.ranks.tolist(),
         "roles": [ROLES[c] for c in cols.roles.tolist()], "dominant": tb.dominant(seconds).tolist(),
         "busy_s": seconds.sum(axis=2).tolist(),
+    }
+
+
+class StepPhases(BaseModel):
+    """The range per step and device from the phase seconds kept at ingest (no span read;
+    :mod:`moeplane.controlplane.rl.step_phases`): ``steps`` [S] ascending; column d is rank
+    ``ranks[d]`` (-1: the job's per-step timers) of role ``roles[d]``; ``seconds[s][d][p]`` the
+    seconds of ``phases[p]`` (the sum of the spans' durations), null where the device has no
+    span in the step; ``dominant[s][d]`` the phase with the most seconds (-1: no span);
+    ``wall_s[s]`` the step's first start to its last end over every device; ``idle_s[s][d]``
+    that wall minus the device's phase seconds (at least 0; null: no span)."""
+
+    job_id: str
+    step_start: int
+    step_end: int
+    spans: int
+    phases: list[str]
+    steps: list[int]
+    ranks: list[int]
+    roles: list[str]
+    wall_s: list[float]
+    dominant: list[list[int]]
+    idle_s: list[list[float | None]]
+    seconds: list[list[list[float] | None]]
+
+
+@router.get("/step-phases", response_model=StepPhases, responses=RESPONSES)
+async def step_phases(engine: EngineDep, job_id: JobId, step_start: StepStart = None,
+                      step_end: StepEnd = None) -> dict:
+    """Phase seconds per step and device, read from the summary kept at ingest (what the RL
+    page draws for a range too long for one bar per span)."""
+
+    def run():
+        lo, hi = step_range(engine, job_id, step_start, step_end)
+        return lo, hi, sp.grid(*rl_steps.read(engine, job_id, lo, hi))
+
+    lo, hi, g = await asyncio.to_thread(run)
+    top, _ = g.dominant()
+    idle_s = g.idle()
+    seconds = [[row if here else None for row, here in zip(step_rows, present, strict=True)]
+               for step_rows, present in zip(g.seconds.tolist(), g.present.tolist(), strict=True)]
+    return {
+        "job_id": job_id, "step_start": lo, "step_end": hi, "spans": g.spans, "phases": list(PHASES),
+        "steps": g.steps.tolist(), "ranks": g.ranks.tolist(), "roles": [ROLES[c] for c in g.roles.tolist()],
+        "wall_s": g.wall.tolist(), "dominant": top.tolist(),
+        "idle_s": np.where(g.present, idle_s, None).tolist(), "seconds": seconds,
     }
 
 

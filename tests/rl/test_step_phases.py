@@ -125,3 +125,33 @@ def test_grid_is_the_same_in_order_shuffled_and_split_over_two_nodes():
     assert two.spans == 400 and (two.roles == whole.roles).all()
     top, top_s = whole.dominant()
     np.testing.assert_array_equal(top, whole.seconds.argmax(axis=2))
+
+
+def test_rest_step_phases_serves_the_sums(database_url):
+    import httpx
+
+    from harness.simjob import SimJob
+    from moeplane.controlplane.store.writes import StoreWriter
+    from tests.controlplane.serverthread import running_server
+
+    rng = np.random.default_rng(6)
+    spans = _spans(rng, 300, -1, 5)
+    with running_server(database_url) as srv:
+        SimJob(StoreWriter(srv["engine"]), job_id="job-1", nodes=1).hello(1000.0)  # the job's row
+        store_rl.save_report(srv["engine"], "job-1", "node-0", spans)
+        store_rl.save_report(srv["engine"], "job-1", "node-0", spans)  # resent: nothing added
+        want = _reference(store_rl.read_spans(srv["engine"], "job-1", 1, 5))
+        base = f"http://127.0.0.1:{srv['http_port']}/api/v1/jobs"
+        with httpx.Client(base_url=base, timeout=20) as api:
+            got = api.get("/job-1/rl/step-phases", params={"step_start": 1, "step_end": 5}).json()
+            assert api.get("/job-1/rl/step-phases", params={"step_start": 5, "step_end": 1}).status_code == 422
+            assert api.get("/nope/rl/step-phases").status_code == 404
+    assert got["steps"] == want.steps.tolist() and got["ranks"] == want.ranks.tolist()
+    assert got["spans"] == want.spans and got["phases"] == list(PHASES)
+    seconds = np.array([[row if row is not None else [0.0] * len(PHASES) for row in s] for s in got["seconds"]])
+    np.testing.assert_allclose(seconds, want.seconds, rtol=1e-12, atol=1e-9)
+    present = np.array([[row is not None for row in s] for s in got["seconds"]])
+    assert (present == want.present).all()
+    assert (np.array([[x is None for x in s] for s in got["idle_s"]]) == ~present).all()
+    assert (np.array(got["dominant"])[~present] == -1).all()
+    np.testing.assert_allclose(got["wall_s"], want.wall, rtol=1e-12)
