@@ -15,8 +15,9 @@ import numpy as np
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
-from moeplane.controlplane.api.deps import EngineDep
+from moeplane.controlplane.api.deps import MAX_STEP, EngineDep
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
+from moeplane.controlplane.api.rules import STEP_RANGE, rules
 from moeplane.controlplane.rl import idle
 from moeplane.controlplane.rl import step_phases as sp
 from moeplane.controlplane.rl import timeline_bins as tb
@@ -31,8 +32,10 @@ from moeplane.controlplane.store.rl_columns import read_timeline_columns
 router = APIRouter(prefix="/api/v1/jobs/{job_id}/rl", tags=["rl"])
 RESPONSES = NOT_FOUND | BAD
 
-StepStart = Annotated[int | None, Query(ge=0, le=2**62, description="from this step, inclusive")]
-StepEnd = Annotated[int | None, Query(ge=1, le=2**62, description="to this step, exclusive")]
+#: what every RL read refuses (422) though each field is valid
+RL_RULES = rules(STEP_RANGE, f"a step range holds at most {MAX_STEPS} steps")
+StepStart = Annotated[int | None, Query(ge=0, le=MAX_STEP, description="from this step, inclusive")]
+StepEnd = Annotated[int | None, Query(ge=1, le=MAX_STEP, description="to this step, exclusive")]
 Limit = Annotated[int, Query(ge=1, le=store_rl.MAX_SPANS, description="most spans read")]
 
 
@@ -67,7 +70,8 @@ def _read(engine, job_id, step_start, step_end, limit):
     return lo, hi, store_rl.read_spans(engine, job_id, lo, hi, limit=limit)
 
 
-@router.get("/spans", response_model=SpanColumns, responses=RESPONSES)
+@router.get("/spans", response_model=SpanColumns, responses=RESPONSES,
+            openapi_extra=RL_RULES)
 async def spans(engine: EngineDep, job_id: JobId, step_start: StepStart = None, step_end: StepEnd = None,
                 limit: Limit = 100_000) -> dict:
     lo, hi, s = await asyncio.to_thread(_read, engine, job_id, step_start, step_end, limit)
@@ -94,7 +98,8 @@ class WeightSyncOut(BaseModel):
     gb_per_s: float | None
 
 
-@router.get("/syncs", response_model=list[WeightSyncOut], responses=RESPONSES)
+@router.get("/syncs", response_model=list[WeightSyncOut], responses=RESPONSES,
+            openapi_extra=RL_RULES)
 async def syncs(engine: EngineDep, job_id: JobId, step_start: StepStart = None,
                 step_end: StepEnd = None) -> list[dict]:
     def read():
@@ -122,7 +127,8 @@ class BatchOut(BaseModel):
     ts: float
 
 
-@router.get("/batches", response_model=list[BatchOut], responses=RESPONSES)
+@router.get("/batches", response_model=list[BatchOut], responses=RESPONSES,
+            openapi_extra=RL_RULES)
 async def batches(engine: EngineDep, job_id: JobId, step_start: StepStart = None,
                   step_end: StepEnd = None) -> list[dict]:
     def read():
@@ -155,7 +161,8 @@ class IdleOut(BaseModel):
     idle: list[list[float]]
 
 
-@router.get("/idle", response_model=IdleOut, responses=RESPONSES)
+@router.get("/idle", response_model=IdleOut, responses=RESPONSES,
+            openapi_extra=RL_RULES)
 async def idle_analysis(engine: EngineDep, job_id: JobId, step_start: StepStart = None,
                         step_end: StepEnd = None) -> dict:
     def run():
@@ -200,7 +207,8 @@ class TimelineBins(BaseModel):
 Bins = Annotated[int, Query(ge=1, le=5_000, description="time bins over the range")]
 
 
-@router.get("/timeline", response_model=TimelineBins, responses=RESPONSES)
+@router.get("/timeline", response_model=TimelineBins, responses=RESPONSES,
+            openapi_extra=RL_RULES)
 async def timeline(engine: EngineDep, job_id: JobId, step_start: StepStart = None, step_end: StepEnd = None,
                    bins: Bins = 600) -> dict:
     """A timeline of any size: the spans of the range binned per device into ``bins`` equal
@@ -245,7 +253,8 @@ class StepPhases(BaseModel):
     seconds: list[list[list[float] | None]]
 
 
-@router.get("/step-phases", response_model=StepPhases, responses=RESPONSES)
+@router.get("/step-phases", response_model=StepPhases, responses=RESPONSES,
+            openapi_extra=RL_RULES)
 async def step_phases(engine: EngineDep, job_id: JobId, step_start: StepStart = None,
                       step_end: StepEnd = None) -> dict:
     """Phase seconds per step and device, read from the summary kept at ingest (what the RL
@@ -268,7 +277,8 @@ async def step_phases(engine: EngineDep, job_id: JobId, step_start: StepStart = 
     }
 
 
-@router.get("/trace", responses=RESPONSES | {200: {"description": "Chrome trace JSON (traceEvents)"}})
+@router.get("/trace", responses=RESPONSES | {200: {"description": "Chrome trace JSON (traceEvents)"}},
+            openapi_extra=RL_RULES)
 async def trace(engine: EngineDep, job_id: JobId, step_start: StepStart = None, step_end: StepEnd = None,
                 limit: Limit = 1_000_000) -> dict:
     """The spans as Chrome-trace / Perfetto JSON: pid = node, tid = rank, ``ph: "X"``."""

@@ -14,7 +14,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 
 from moeplane.controlplane.api.deps import EngineDep
-from moeplane.controlplane.api.rl import RESPONSES, StepEnd, StepStart, step_range
+from moeplane.controlplane.api.rl import RESPONSES, RL_RULES, StepEnd, StepStart, step_range
 from moeplane.controlplane.api.routes import JobId
 from moeplane.controlplane.rl.loads import summarize
 from moeplane.controlplane.store import rl_loads
@@ -65,7 +65,7 @@ def read(engine, job_id: str, step_start: int | None, step_end: int | None) -> d
     }
 
 
-@router.get("/loads", response_model=RLLoadsOut, responses=RESPONSES)
+@router.get("/loads", response_model=RLLoadsOut, responses=RESPONSES, openapi_extra=RL_RULES)
 async def phase_loads(engine: EngineDep, job_id: JobId, step_start: StepStart = None,
                       step_end: StepEnd = None) -> dict:
     """Expert loads by RL phase (rollout beside training), summed over the step range."""
