@@ -145,7 +145,9 @@ def register(app, engine: Engine) -> None:
     def pick(_clicks, job_id, _n, start, end, shown):
         if not job_id:
             return no_update, "no job has reported yet", ""
-        if ctx.triggered_id != "rl-apply":  # the tick or a new job: the inputs last applied, not half-typed ones
+        # the tick or a new job alone: the inputs last applied, not half-typed ones; a click that
+        # lands in the same batch as a tick is still the click
+        if "rl-apply.n_clicks" not in ctx.triggered_prop_ids:
             start, end = (shown or {}).get("picked", (None, None))
         newest = store_rl.latest_step(engine, job_id)
         try:

@@ -106,17 +106,18 @@ def test_step_range_picker_drives_the_page_and_refuses_bad_ranges(store, dashboa
     assert bad.status_code == 400 and "step_end: 1 must be above step_start 1" in bad.text
     assert httpx.get(href.replace(f"job={sim.job_id}", "job=nope"), timeout=10).status_code == 404
     assert text_of(browser, "rl-range-status").startswith("steps 1–1")
-    for start, end, message in (("2", "1", "to: step 1 is before from 2"),
-                                ("x1", "", "from: not a step number"),
-                                ("0", "20000", "exceeds 10000"),
-                                ("-3", "", "from: not a step number")):
+    # each message differs from the one before it, so each wait sees its own pick answered
+    for start, end, message in (("x1", "", "from: not a step number"),
+                                ("2", "1", "to: step 1 is before from 2"),
+                                ("-3", "", "from: not a step number"),
+                                ("0", "20000", "exceeds 10000")):
         _pick(browser, start, end)
         wait_for(lambda m=message: m in text_of(browser, "rl-range-status"), what=message, timeout=20)
         assert text_of(browser, "rl-range-status").startswith("bad step range")
         assert _bars(browser) == 16  # what was shown stays
         assert browser.find_element(By.ID, "rl-trace-link").get_attribute("href") == href
     _pick(browser, "", "")
-    wait_for(lambda: _bars(browser) == 48, what="back to the newest steps")
+    wait_for(lambda: _bars(browser) == 48, what="back to the newest steps", timeout=30)
     assert still_same_page(browser)
     assert severe_console_errors(browser) == []
 
