@@ -376,11 +376,6 @@ sa.Index("ix_step_stats_job_ts", step_stats.c.job_id, step_stats.c.ts)
 sa.Index("ix_received_at", received.c.received_at)
 
 
-# The RL post-training tables (migration 0006) are defined on the same metadata in their own
-# module; they are imported here, after ``metadata``, so that every table is known through this one.
-from moeplane.controlplane.store.rl_tables import (  # noqa: E402, F401
-    rl_batches,
-    rl_phase_loads,
-    rl_spans,
-    rl_weight_syncs,
-)
+# The RL post-training tables (migrations 0006, 0008, 0009) are defined on the same metadata in
+# their own module; importing it here, after ``metadata``, registers every one of them.
+from moeplane.controlplane.store import rl_tables  # noqa: E402, F401
