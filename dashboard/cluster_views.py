@@ -17,9 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moeplane.dashboard.units import byte_unit, fmt_bytes
-
-GIB = float(1 << 30)
+from moeplane.dashboard.units import GIB, byte_unit, fmt_bytes
 
 
 @dataclass(frozen=True)

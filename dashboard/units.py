@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-UNITS = (("GiB", float(1 << 30)), ("MiB", float(1 << 20)), ("KiB", float(1 << 10)))
+GIB = float(1 << 30)
+MIB = float(1 << 20)
+KIB = float(1 << 10)
+UNITS = (("GiB", GIB), ("MiB", MIB), ("KiB", KIB))
 
 
 def byte_unit(largest: float | None) -> tuple[str, float]:
     """(label, bytes per unit): the largest binary unit in which ``largest`` bytes is ≥ 1
     (GiB for anything from 1 GiB up or when nothing is known, down to B)."""
-    if largest is None or largest != largest or largest >= UNITS[0][1]:
+    if largest is None or largest != largest:
         return UNITS[0]
     for label, scale in UNITS:
         if abs(largest) >= scale:

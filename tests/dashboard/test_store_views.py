@@ -15,9 +15,7 @@ from moeplane.controlplane.store.writes import StoreWriter
 from moeplane.dashboard.history_queries import device_values_at, range_end_time
 from moeplane.dashboard.memory_views import breakdown_figure, decision_rows, memory_summary
 from moeplane.dashboard.source import current_placement, placements_at_steps
-from moeplane.dashboard.units import UNITS
-
-GIB = UNITS[0][1]
+from moeplane.dashboard.units import GIB, MIB, byte_unit, fmt_bytes
 
 
 @pytest.fixture
@@ -126,16 +124,14 @@ def test_sim_job_loads_are_consistent(sim):
 def test_small_devices_are_shown_in_a_unit_that_fits():
     """A CPU rank's few MiB are not "0.0 GiB": figure, rows and text pick MiB (or KiB)."""
     from moeplane.dashboard.cluster_views import _fmt
-    from moeplane.dashboard.units import byte_unit, fmt_bytes
 
-    mib = float(1 << 20)
     assert byte_unit(80 * GIB) == ("GiB", GIB) and byte_unit(None) == ("GiB", GIB)
-    assert byte_unit(24 * mib) == ("MiB", mib) and byte_unit(512.0) == ("B", 1.0)
-    assert fmt_bytes(24 * mib) == "24.0 MiB" and fmt_bytes(1536.0) == "1.5 KiB"
-    row = {"device_id": "node-0/cpu-rank1", "parameters_bytes": 8 * mib, "gradients_bytes": 0,
-           "optimizer_bytes": 0, "activations_peak_bytes": 4 * mib, "other_bytes": 0,
-           "capacity_bytes": 64 * mib, "high_watermark_bytes": 57.6 * mib}
+    assert byte_unit(24 * MIB) == ("MiB", MIB) and byte_unit(512.0) == ("B", 1.0)
+    assert fmt_bytes(24 * MIB) == "24.0 MiB" and fmt_bytes(1536.0) == "1.5 KiB"
+    row = {"device_id": "node-0/cpu-rank1", "parameters_bytes": 8 * MIB, "gradients_bytes": 0,
+           "optimizer_bytes": 0, "activations_peak_bytes": 4 * MIB, "other_bytes": 0,
+           "capacity_bytes": 64 * MIB, "high_watermark_bytes": 57.6 * MIB}
     fig = breakdown_figure([row])
     assert fig["layout"]["yaxis"]["title"]["text"] == "MiB" and fig["data"][0]["y"] == [8.0]
     assert "MiB" in fig["layout"]["title"]["text"]
-    assert _fmt({"memory_used_bytes": 24 * mib}, 64 * mib).startswith("memory 24.0 MiB / 64.0 MiB")
+    assert _fmt({"memory_used_bytes": 24 * MIB}, 64 * MIB).startswith("memory 24.0 MiB / 64.0 MiB")
