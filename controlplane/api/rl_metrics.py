@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from moeplane.controlplane.rl import idle
 from moeplane.controlplane.store import rl as store_rl
-from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store import rl_tables as rt
 
 WINDOW = 20
 ALERT_THRESHOLD = float(os.environ.get("MOEPLANE_RL_BLACK_HOLE_ALERT", "0.3"))
@@ -60,7 +60,7 @@ class RLCollector:
                 f"1 when the black-hole fraction is above {ALERT_THRESHOLD} for {ALERT_STEPS} steps in a row",
                 labels=lab),
         }
-        c = t.rl_spans.c
+        c = rt.rl_spans.c
         with engine.connect() as conn:
             newest = conn.execute(sa.select(c.job_id, sa.func.max(c.step)).group_by(c.job_id)).all()
         for job_id, step in newest:

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from moeplane.controlplane.rl.phases import Spans
 from moeplane.controlplane.store import bulk, rl_loads, rl_steps
+from moeplane.controlplane.store import rl_tables as rt
 from moeplane.controlplane.store import tables as t
 
 SPAN_COLUMNS = ("job_id", "node_id", "rank", "phase", "start_ts", "end_ts", "step", "version", "role", "tokens")
@@ -38,10 +39,10 @@ def save_report(engine: Engine, job_id: str, node_id: str, spans: Spans,
     with engine.begin() as conn:
         rl_loads.insert(conn, job_id, node_id, phase_loads)
         _insert_spans(conn, job_id, node_id, spans)
-        bulk.insert(conn, t.rl_weight_syncs, SYNC_COLUMNS,
+        bulk.insert(conn, rt.rl_weight_syncs, SYNC_COLUMNS,
                     [_row(SYNC_COLUMNS, s, job_id, node_id) for s in syncs],
                     ignore_conflicts_on=("job_id", "rank", "to_version"))
-        bulk.insert(conn, t.rl_batches, BATCH_COLUMNS,
+        bulk.insert(conn, rt.rl_batches, BATCH_COLUMNS,
                     [_row(BATCH_COLUMNS, b, job_id, node_id) for b in batches],
                     ignore_conflicts_on=("job_id", "step", "rank"))
 
@@ -104,7 +105,7 @@ def rank_versions(engine: Engine, job_id: str, ranks: Iterable[int]) -> dict[int
     ranks = sorted(set(ranks))
     if not ranks:
         return {}
-    c = t.rl_spans.c
+    c = rt.rl_spans.c
     with engine.connect() as conn:
         rows = conn.execute(
             sa.select(c.rank, sa.func.max(c.start_ts), sa.func.max(c.version))
@@ -135,7 +136,7 @@ def read_spans(engine: Engine, job_id: str, step_start: int | None = None, step_
                *, limit: int = MAX_SPANS) -> Spans:
     """The job's spans of steps [step_start, step_end), ordered by step, rank and start; at
     most ``limit`` rows."""
-    c = t.rl_spans.c
+    c = rt.rl_spans.c
     stmt = (sa.select(c.step, c.rank, c.version, c.phase, c.role, c.start_ts, c.end_ts, c.tokens, c.node_id)
             .where(c.job_id == job_id, *_steps(c.step, step_start, step_end))
             .order_by(c.step, c.rank, c.start_ts, c.phase).limit(limit))
@@ -153,8 +154,8 @@ def read_spans(engine: Engine, job_id: str, step_start: int | None = None, step_
 
 def read_syncs(engine: Engine, job_id: str, step_start: int | None = None, step_end: int | None = None,
                *, limit: int = 10_000) -> list[dict]:
-    c = t.rl_weight_syncs.c
-    stmt = (sa.select(t.rl_weight_syncs).where(c.job_id == job_id, *_steps(c.step, step_start, step_end))
+    c = rt.rl_weight_syncs.c
+    stmt = (sa.select(rt.rl_weight_syncs).where(c.job_id == job_id, *_steps(c.step, step_start, step_end))
             .order_by(c.step, c.to_version, c.rank).limit(limit))
     with engine.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(stmt)]
@@ -162,8 +163,8 @@ def read_syncs(engine: Engine, job_id: str, step_start: int | None = None, step_
 
 def read_batches(engine: Engine, job_id: str, step_start: int | None = None, step_end: int | None = None,
                  *, limit: int = 10_000) -> list[dict]:
-    c = t.rl_batches.c
-    stmt = (sa.select(t.rl_batches).where(c.job_id == job_id, *_steps(c.step, step_start, step_end))
+    c = rt.rl_batches.c
+    stmt = (sa.select(rt.rl_batches).where(c.job_id == job_id, *_steps(c.step, step_start, step_end))
             .order_by(c.step, c.rank).limit(limit))
     with engine.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(stmt)]
@@ -172,4 +173,4 @@ def read_batches(engine: Engine, job_id: str, step_start: int | None = None, ste
 def latest_step(engine: Engine, job_id: str) -> int | None:
     """The newest step with a stored span (None: none)."""
     with engine.connect() as conn:
-        return conn.execute(sa.select(sa.func.max(t.rl_spans.c.step)).where(t.rl_spans.c.job_id == job_id)).scalar()
+        return conn.execute(sa.select(sa.func.max(rt.rl_spans.c.step)).where(rt.rl_spans.c.job_id == job_id)).scalar()

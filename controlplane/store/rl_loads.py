@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from moeplane.controlplane.store import bulk
-from moeplane.controlplane.store import tables as t
+from moeplane.controlplane.store import rl_tables as rt
 
 COLUMNS = ("job_id", "rank", "step", "phase", "node_id", "ts", "layers", "experts", "dtype", "tokens", "counts")
 KEY = ("job_id", "rank", "step", "phase")
@@ -58,7 +58,7 @@ def insert(conn: Connection, job_id: str, node_id: str, rows: Sequence[PhaseLoad
         layers, experts = r.counts.shape
         values.append((job_id, int(r.rank), int(r.step), int(r.phase), node_id, float(r.ts), int(layers),
                        int(experts), dtype, int(r.counts.sum()), blob))
-    bulk.insert(conn, t.rl_phase_loads, COLUMNS, values, ignore_conflicts_on=KEY)
+    bulk.insert(conn, rt.rl_phase_loads, COLUMNS, values, ignore_conflicts_on=KEY)
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def sum_by_phase(engine: Engine, job_id: str, step_start: int, step_end: int, *,
                  limit: int = MAX_ROWS) -> PhaseSums:
     """Loads of steps [step_start, step_end) summed per phase (at most ``limit`` rows read).
     Raises ValueError when the stored rows disagree on [L, E]."""
-    c = t.rl_phase_loads.c
+    c = rt.rl_phase_loads.c
     stmt = (sa.select(c.phase, c.step, c.rank, c.layers, c.experts, c.dtype, c.counts)
             .where(c.job_id == job_id, c.step >= step_start, c.step < step_end)
             .order_by(c.phase, c.step, c.rank).limit(limit))
@@ -115,6 +115,6 @@ def sum_by_phase(engine: Engine, job_id: str, step_start: int, step_end: int, *,
 
 def latest_step(engine: Engine, job_id: str) -> int | None:
     """The newest step with stored phase loads (None: none)."""
-    c = t.rl_phase_loads.c
+    c = rt.rl_phase_loads.c
     with engine.connect() as conn:
         return conn.execute(sa.select(sa.func.max(c.step)).where(c.job_id == job_id)).scalar()

@@ -1,8 +1,9 @@
 """RL post-training tables: phase spans, weight syncs and consumed batches (migration 0006), phase
 loads (0008) and per-step phase seconds (0009).
 
-Defined on :data:`moeplane.controlplane.store.tables.metadata`; import them through
-``tables`` (which imports this module once ``metadata`` exists).
+Defined on :data:`moeplane.controlplane.store.tables.metadata`, which holds them once
+``tables`` is imported (it imports this module after ``metadata`` exists); read them from this
+module (``tables`` does not re-export them).
 """
 
 from __future__ import annotations
