@@ -22,7 +22,7 @@ from collections import deque
 import numpy as np
 
 from moeplane.controlplane.balancing.placement import layer_balancedness
-from moeplane.controlplane.balancing.routing import route_with, routing_table
+from moeplane.controlplane.balancing.routing import cached_table, route_with, tile_table
 from moeplane.controlplane.balancing.validate import check_count
 
 __all__ = [
@@ -214,8 +214,9 @@ def routed_balancedness(window: np.ndarray, phy2log: np.ndarray, *, gpus: int) -
         raise ValueError(
             f"phy2log must have shape [layers, gpus*slots] with {layers} layers, got {p2l.shape}"
         )
-    # the steps become layers of one call: one table, one vectorised routing
-    table = routing_table(np.tile(p2l, (steps, 1)), gpus=gpus, num_experts=experts)
+    # the steps become layers of one call: the placement's table (built once per placement,
+    # ``route_replicas``' cache) tiled over the steps, one vectorised routing
+    table = tile_table(cached_table(p2l, gpus, experts), steps)
     slot_tokens = route_with(table, tokens)
     per_gpu = slot_tokens.reshape(steps * layers, gpus, -1).sum(axis=2).astype(np.float64)
     return layer_balancedness(per_gpu).reshape(steps, layers)

@@ -34,9 +34,10 @@ node, then anywhere; every rank derives the same assignment from the same all-ga
 
 ``routing_table`` holds the part that depends only on the placement (computed once per plan;
 the SDK keeps it on the device); ``route_with`` applies it to one step's loads.
-``route_replicas`` keeps the tables of the last ``CACHED_TABLES`` placements it was given,
-keyed by a digest of the placement's bytes (and G, E): a job calls it step after step with the
-placement of one plan, and builds that plan's table once. A table is immutable (its arrays are
+``route_replicas`` (and ``prediction.routed_balancedness``, through ``cached_table``) keeps
+the tables of the last ``CACHED_TABLES`` placements it was given, keyed by a digest of the
+placement's bytes (and G, E): a job calls it step after step with the placement of one plan,
+and builds that plan's table once; ``tile_table`` repeats a table over steps routed as layers. A table is immutable (its arrays are
 read-only), so a cached one answers exactly as a new one would.
 """
 
@@ -56,11 +57,13 @@ __all__ = [
     "ITERATIONS",
     "MOMENTUM",
     "RoutingTable",
+    "cached_table",
     "fractional_shares",
     "route_replicas",
     "route_with",
     "routed_gpu_loads",
     "routing_table",
+    "tile_table",
 ]
 
 ITERATIONS = 28  # water-filling rounds (the benchmark: within 1 % of the LP optimum)
@@ -181,6 +184,48 @@ def routing_table(phy2log: np.ndarray, *, gpus: int, num_experts: int) -> Routin
         rep_expert=rep_expert, alpha=1.0 / m, group_end=group_end,
         entry_row=_rows(buckets),
         buckets=tuple((lo, hi, wdt) for lo, hi, wdt, _ in buckets),
+    )
+
+
+def tile_table(table: RoutingTable, copies: int) -> RoutingTable:
+    """The table of ``np.tile(phy2log, (copies, 1))`` (``copies x L`` layers: e.g. the steps
+    of a window routed as layers of one call), from the table of ``phy2log`` by offsetting
+    its indices: the same arrays ``routing_table`` builds from the tiled placement, without
+    its sort. A replicated expert's bucket holds every copy's rows of it, copy after copy."""
+    copies = check_count("copies", copies)
+    if copies == 1:
+        return table
+    layers, gpus = table.layers, table.gpus
+    lg = layers * gpus
+    k = np.arange(copies, dtype=np.int64)[:, None]
+
+    def tiled(a: np.ndarray, step: int) -> np.ndarray:
+        return (a[None] + k * step).ravel()
+
+    holders, rep_expert, pair_index = [], [], np.full(table.pair_index.size * copies, -1,
+                                                      dtype=np.int64)
+    buckets = []
+    pair_index_of = table.pair_index
+    for lo, hi, wdt in table.buckets:
+        h = table.holders[lo:hi]
+        holders.append(np.where(h[None] == lg, copies * lg, h[None] + k * lg).ravel())
+        rep_expert.append(tiled(table.rep_expert[lo:hi], layers * table.experts))
+        buckets.append((copies * lo, copies * hi, wdt, None))
+        mine = np.flatnonzero((pair_index_of >= lo) & (pair_index_of < hi))
+        where = (mine[None] + k * pair_index_of.size).ravel()
+        pair_index[where] = (copies * lo + k * (hi - lo) + (pair_index_of[mine] - lo)).ravel()
+    empty = np.zeros(0, dtype=np.int64)
+    return RoutingTable(
+        layers=copies * layers, experts=table.experts, gpus=gpus, slots=table.slots,
+        order=tiled(table.order, layers * table.slots),
+        pair_of_sorted=tiled(table.pair_of_sorted, table.pair_slots.size),
+        group_end=np.tile(table.group_end, copies), pair_slots=np.tile(table.pair_slots, copies),
+        pair_gpu=tiled(table.pair_gpu, lg), pair_expert=tiled(table.pair_expert, layers * table.experts),
+        pair_index=pair_index, holders=np.concatenate(holders) if holders else empty,
+        rep_expert=np.concatenate(rep_expert) if rep_expert else empty,
+        alpha=np.concatenate([np.tile(table.alpha[lo:hi], copies) for lo, hi, _ in table.buckets])
+        if table.buckets else np.zeros(0),
+        entry_row=_rows(buckets), buckets=tuple(b[:3] for b in buckets),
     )
 
 
@@ -327,7 +372,7 @@ def route_replicas(
             f"phy2log must have shape [layers, gpus*slots] with {arr.shape[0]} layers "
             f"(as loads), got shape {p2l.shape}"
         )
-    table = _cached_table(p2l, gpus, arr.shape[1])
+    table = cached_table(p2l, gpus, arr.shape[1])
     return route_with(table, arr, iterations=iterations)
 
 
@@ -363,7 +408,7 @@ class _TableCache:
 _TABLES = _TableCache(CACHED_TABLES)
 
 
-def _cached_table(p2l: np.ndarray, gpus: int, num_experts: int) -> RoutingTable:
+def cached_table(p2l: np.ndarray, gpus: int, num_experts: int) -> RoutingTable:
     """``routing_table(p2l, gpus=gpus, num_experts=num_experts)``, built once per placement
     among the last ``CACHED_TABLES``; raises as it does."""
     return _TABLES.get(p2l, gpus, num_experts)

@@ -18,6 +18,7 @@ from moeplane.controlplane.balancing import (
     routed_balancedness,
     routing_table,
 )
+from moeplane.controlplane.balancing.routing import RoutingTable, tile_table
 
 
 def _per_expert(slot_tokens: np.ndarray, phy2log: np.ndarray, experts: int) -> np.ndarray:
@@ -131,6 +132,25 @@ def test_the_cached_table_follows_the_placement_not_the_array():
                                   route_with(routing_table(p, gpus=2, num_experts=16), loads))
     p[:, [0, -1]] = p[:, [-1, 0]]
     np.testing.assert_array_equal(route_replicas(loads, p, gpus=4), first)
+
+
+def test_a_tiled_table_is_the_table_of_the_tiled_placement():
+    """``tile_table`` (``routed_balancedness``'s steps as layers) builds, without a sort, the
+    arrays ``routing_table`` builds from the tiled placement: replicas of width 2 and 4."""
+    rng = np.random.default_rng(5)
+    for layers, experts, gpus, spg in ((3, 16, 4, 6), (2, 8, 8, 1), (2, 6, 3, 3)):
+        p = _random_placement(rng, layers, experts, gpus, spg)
+        table = routing_table(p, gpus=gpus, num_experts=experts)
+        for copies in (1, 2, 5):
+            tiled = tile_table(table, copies)
+            want = routing_table(np.tile(p, (copies, 1)), gpus=gpus, num_experts=experts)
+            for name in RoutingTable.__dataclass_fields__:
+                got, exp = getattr(tiled, name), getattr(want, name)
+                if isinstance(exp, np.ndarray):
+                    assert got.dtype == exp.dtype, name
+                    np.testing.assert_array_equal(got, exp, err_msg=name)
+                else:
+                    assert got == exp, name
 
 
 @pytest.mark.parametrize(
