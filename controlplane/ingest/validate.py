@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moeplane.controlplane.balancing.groups import check_groups
+from moeplane.controlplane.store.placements import slots_per_rank
 from moeplane.controlplane.store.records import (
     DeviceRecord,
     HelloRecord,
@@ -98,9 +99,7 @@ def _check_groups(j: pb.JobSpec) -> None:
     if j.world_size % j.ranks_per_node:
         raise WireError("hello.job.groups", f"groups = {j.groups}: ranks_per_node = "
                         f"{j.ranks_per_node} does not divide world_size = {j.world_size}")
-    slots = j.slots_per_rank
-    if slots * j.world_size < j.experts:  # as the job's geometry: S too small -> ceil(E / G)
-        slots = -(-j.experts // j.world_size)
+    slots = slots_per_rank(j.experts, j.world_size, j.slots_per_rank)  # as the job's geometry
     try:
         check_groups(j.groups, j.experts, j.world_size, slots, j.world_size // j.ranks_per_node)
     except ValueError as exc:

@@ -70,6 +70,12 @@ class Placement:
         return (self.epoch, self.created_at, self.geometry)
 
 
+def slots_per_rank(experts: int, world: int, slots: int | None) -> int:
+    """S of a job's geometry: the spec's ``slots`` when ``world x slots`` hold all ``experts``,
+    else ``ceil(experts / world)``."""
+    return slots if slots and slots * world >= experts else math.ceil(experts / world)
+
+
 def geometry(engine: Engine, job: dict, shape: tuple[int, int] | None = None) -> Geometry | None:
     """The geometry of ``job`` (a ``get_job`` row); None while L, E or G are not known.
 
@@ -88,9 +94,7 @@ def geometry(engine: Engine, job: dict, shape: tuple[int, int] | None = None) ->
         if not world and shape is None:
             return None
         world = world or 1
-    slots = job.get("slots_per_rank")
-    if not slots or slots * world < experts:
-        slots = math.ceil(experts / world)
+    slots = slots_per_rank(int(experts), int(world), job.get("slots_per_rank"))
     per_node = job.get("ranks_per_node")
     if job.get("groups") and per_node and world % per_node == 0:
         n_nodes = world // per_node
