@@ -21,6 +21,7 @@ import json
 from urllib.parse import quote
 
 import flask
+import numpy as np
 from dash import Input, Output, State, ctx, dcc, html, no_update
 from sqlalchemy.engine import Engine
 
@@ -30,7 +31,7 @@ from moeplane.controlplane.rl.step_window import MAX_STEPS, newest_within, step_
 from moeplane.controlplane.rl.trace import chrome_trace
 from moeplane.controlplane.store import queries as q
 from moeplane.controlplane.store import rl as store_rl
-from moeplane.controlplane.store import rl_columns, rl_steps
+from moeplane.controlplane.store import rl_steps
 from moeplane.dashboard import rl_loads
 from moeplane.dashboard import rl_views as V
 
@@ -82,19 +83,27 @@ def picked_range(start: str | None, end: str | None, newest: int | None) -> tupl
     first, last = _step(start, "from"), _step(end, "to")
     if first is not None and last is not None and last < first:
         raise ValueError(f"to: step {last} is before from {first}")
-    if first is None and last is None:
-        return step_window(None, None, newest, default=STEPS)
     return step_window(first, None if last is None else last + 1, newest, default=STEPS, maximum=MAX_STEPS)
 
 
 def timeline(engine: Engine, job_id: str, lo: int, hi: int):
     """The timeline figure of steps [lo, hi): a Gantt, or device x step above ``GANTT_MAX_SPANS``."""
+    return _timeline(engine, job_id, lo, hi)[0]
+
+
+def _timeline(engine: Engine, job_id: str, lo: int, hi: int):
+    """(the timeline figure of steps [lo, hi), (steps int64 [S] ascending, spans int64 [S]: each
+    step's span count, from the per-step phase seconds), the range's spans read for the Gantt or
+    None above ``GANTT_MAX_SPANS``)."""
     steps, records = rl_steps.read(engine, job_id, lo, hi)
-    if int(records["spans"].sum()) <= GANTT_MAX_SPANS:
-        return V.timeline_figure(store_rl.read_spans(engine, job_id, lo, hi))
+    per_step, first = np.unique(steps, return_index=True)
+    counts = np.add.reduceat(records["spans"].astype(np.int64), first) if first.size else np.zeros(0, np.int64)
+    if int(counts.sum()) <= GANTT_MAX_SPANS:
+        spans = store_rl.read_spans(engine, job_id, lo, hi)
+        return V.timeline_figure(spans), (per_step, counts), spans
     g = sp.grid(steps, records)
     labels = [V.device_label(r, k) for r, k in zip(g.roles.tolist(), g.ranks.tolist(), strict=True)]
-    return V.step_grid_figure(labels, g)
+    return V.step_grid_figure(labels, g), (per_step, counts), None
 
 
 TRACE_PATH = "rl-trace"  # served by the dashboard itself, behind its login like the page
@@ -162,25 +171,21 @@ def register(app, engine: Engine) -> None:
         follow = " (the newest, live)" if not (start or "").strip() and not (end or "").strip() else ""
         return state, f"steps {lo}–{hi - 1}{follow}", trace_href(job_id, lo, hi)
 
-    @app.callback(Output("rl-timeline", "figure"), Input("rl-range", "data"))
-    def draw_timeline(shown):
+    @app.callback(Output("rl-timeline", "figure"), *(Output(g, "figure") for g in ANALYSIS),
+                  Output("rl-summary", "children"), Input("rl-range", "data"))
+    def draw(shown):
         if not shown:
-            return no_update
-        return timeline(engine, shown["job"], shown["lo"], shown["hi"])
-
-    @app.callback(*(Output(g, "figure") for g in ANALYSIS), Output("rl-summary", "children"),
-                  Input("rl-range", "data"))
-    def analyse(shown):
-        if not shown:
-            return (no_update,) * (len(ANALYSIS) + 1)
+            return (no_update,) * (len(ANALYSIS) + 2)
         job_id, lo, hi = shown["job"], shown["lo"], shown["hi"]
-        steps, counts = rl_columns.span_counts(engine, job_id, lo, hi)
+        fig, (steps, counts), spans = _timeline(engine, job_id, lo, hi)
         first = newest_within(steps, counts, ANALYSIS_MAX_SPANS)
         cut = first is not None and first > int(steps[0])
-        rep = idle.analyze(store_rl.read_spans(engine, job_id, first if cut else lo, hi))
+        if cut or spans is None:  # the Gantt's spans are the whole range's: analysed as they are
+            spans = store_rl.read_spans(engine, job_id, first if cut else lo, hi)
+        rep = idle.analyze(spans)
         batches = store_rl.read_batches(engine, job_id, lo, hi)
         syncs = store_rl.read_syncs(engine, job_id, lo, hi)
         note = (f" · idle analysis of steps {first}–{hi - 1} only: the range holds {int(counts.sum()):,} spans, "
                 f"at most {ANALYSIS_MAX_SPANS:,} are analysed") if cut else ""
-        return (V.step_bars_figure(rep), V.idle_heatmap_figure(rep), V.tail_figure(rep),
+        return (fig, V.step_bars_figure(rep), V.idle_heatmap_figure(rep), V.tail_figure(rep),
                 V.staleness_figure(batches), V.sync_figure(syncs), V.summary_text(rep) + note)

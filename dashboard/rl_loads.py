@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 from sqlalchemy.engine import Engine
 
 from moeplane.controlplane.rl.loads import summarize
+from moeplane.controlplane.rl.step_window import step_window
 from moeplane.controlplane.store import rl_loads
 from moeplane.dashboard.rl_views import PHASE_COLORS
 
@@ -94,7 +95,7 @@ def loads_range(applied: dict, newest: int | None) -> tuple[int, int] | None:
         return int(applied["lo"]), int(applied["hi"])
     if newest is None:
         return None
-    return max(0, int(newest) + 1 - STEPS), int(newest) + 1
+    return step_window(None, None, newest, default=STEPS)
 
 
 def register(app, engine: Engine) -> None:

@@ -12,10 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-
-from moeplane.controlplane.store import tables as t
 
 _SQL = ("SELECT rank, role, phase, start_ts, end_ts FROM rl_spans "
         "WHERE job_id = {job} AND step >= {lo} AND step < {hi}")
@@ -68,13 +65,3 @@ def _read_pg(engine: Engine, job_id: str, step_start: int, step_end: int):
     return (rows["rank"].astype(np.int32), rows["role"].astype(np.int8), rows["phase"].astype(np.int8),
             rows["start"].astype(np.float64), rows["end"].astype(np.float64))
 
-
-def span_counts(engine: Engine, job_id: str, step_start: int, step_end: int) -> tuple[np.ndarray, np.ndarray]:
-    """(steps int64 [S] ascending, spans int64 [S]): how many spans each step of
-    [step_start, step_end) holds (read from the (job_id, step) index alone)."""
-    c = t.rl_spans.c
-    stmt = (sa.select(c.step, sa.func.count()).where(c.job_id == job_id, c.step >= step_start, c.step < step_end)
-            .group_by(c.step).order_by(c.step))
-    with engine.connect() as conn:
-        rows = conn.execute(stmt).all()
-    return (np.array([r[0] for r in rows], dtype=np.int64), np.array([r[1] for r in rows], dtype=np.int64))
