@@ -12,11 +12,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from moeplane.agents.sdk import rl  # noqa: E402
-from moeplane.controlplane.procs import spawn, wait_until  # noqa: E402
+from moeplane.controlplane.procs import wait_until  # noqa: E402
 from moeplane.controlplane.wire import moeplane_pb2 as pb  # noqa: E402
 from moeplane.controlplane.wire.arrays import decode_array  # noqa: E402
 from tests.adapters.hf_models import batch, build  # noqa: E402
-from tests.controlplane.serverthread import running_server  # noqa: E402
+from tests.rl.agentrun import sdk_agent  # noqa: E402
 
 L, E, TOP_K = 2, 8, 2
 PROMPT, NEW = 6, 5  # prompt tokens, generated tokens
@@ -95,34 +95,25 @@ def test_loads_by_phase_reach_rest_through_a_real_agent(tmp_path):
     watch = attach(model)
     steps = 2
     expected = _expected(model, watch, steps)
-    sock = str(tmp_path / "agent.sock")
-    with running_server(f"sqlite:///{tmp_path / 'rl.sqlite'}") as srv:
-        agent = spawn("agent", ["agent", "--node-id", "node-0", "--server", f"127.0.0.1:{srv['grpc_port']}",
-                                "--collector", "sim", "--devices", "1", "--job-id", "grpo", "--ranks", "0",
-                                "--local-socket", sock, "--spool-dir", str(tmp_path / "spool"),
-                                "--interval", "0.5"], tmp_path)
-        try:
-            wait_until(lambda: (tmp_path / "agent.sock").exists(), 60, "the agent's socket")
-            reporter = Reporter(torch.zeros((L, E), dtype=torch.int64), rank=0, socket_path=sock,
-                                job=pb.JobSpec(job_id="grpo", layers=L, experts=E, top_k=TOP_K)).start()
-            attach_rl(reporter.send_report, job_id="grpo", rank=0, role="hybrid", watch=watch)
-            for step in range(steps):
-                with phase("generate", step=step):
-                    _rollout(model, step)
-                with phase("train_update", step=step):
-                    _train(model, 100 + step)
-            detach_rl()
-            reporter.close()
-            api = httpx.Client(base_url=f"http://127.0.0.1:{srv['http_port']}/api/v1/jobs/grpo/rl", timeout=10)
+    with sdk_agent(tmp_path) as (srv, sock):
+        reporter = Reporter(torch.zeros((L, E), dtype=torch.int64), rank=0, socket_path=sock,
+                            job=pb.JobSpec(job_id="grpo", layers=L, experts=E, top_k=TOP_K)).start()
+        attach_rl(reporter.send_report, job_id="grpo", rank=0, role="hybrid", watch=watch)
+        for step in range(steps):
+            with phase("generate", step=step):
+                _rollout(model, step)
+            with phase("train_update", step=step):
+                _train(model, 100 + step)
+        detach_rl()
+        reporter.close()
+        api = httpx.Client(base_url=f"http://127.0.0.1:{srv['http_port']}/api/v1/jobs/grpo/rl", timeout=10)
 
-            def both():
-                got = api.get("/loads", params={"step_start": 0, "step_end": steps}).json()
-                return got if [p.get("rows") for p in got.get("phases", [])] == [steps, steps] else None
+        def both():
+            got = api.get("/loads", params={"step_start": 0, "step_end": steps}).json()
+            return got if [p.get("rows") for p in got.get("phases", [])] == [steps, steps] else None
 
-            got = wait_until(both, 60, "generate and train_update loads over REST", retry_on=(OSError, httpx.HTTPError))
-            by = {p["phase"]: p for p in got["phases"]}
-            assert set(by) == {"generate", "train_update"}
-            for name in by:
-                assert np.array_equal(by[name]["counts"], expected[name])
-        finally:
-            agent.stop()
+        got = wait_until(both, 60, "generate and train_update loads over REST", retry_on=(OSError, httpx.HTTPError))
+        by = {p["phase"]: p for p in got["phases"]}
+        assert set(by) == {"generate", "train_update"}
+        for name in by:
+            assert np.array_equal(by[name]["counts"], expected[name])

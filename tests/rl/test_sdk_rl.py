@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from moeplane.agents.sdk import rl
-from moeplane.controlplane.procs import spawn, wait_until
+from moeplane.controlplane.procs import wait_until
 from moeplane.controlplane.rl.phases import PHASE_CODE
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 from moeplane.controlplane.wire.arrays import decode_array
-from tests.controlplane.serverthread import running_server
+from tests.rl.agentrun import sdk_agent
 
 
 class Clock:
@@ -69,37 +69,28 @@ def test_spans_reach_rest_through_a_real_agent(tmp_path):
     torch = pytest.importorskip("torch")
     from moeplane.torch import Reporter, attach_rl, consumed_batch, detach_rl, phase, policy_version
 
-    sock = str(tmp_path / "agent.sock")
-    with running_server(f"sqlite:///{tmp_path / 'rl.sqlite'}") as srv:
-        agent = spawn("agent", ["agent", "--node-id", "node-0", "--server", f"127.0.0.1:{srv['grpc_port']}",
-                                "--collector", "sim", "--devices", "1", "--job-id", "grpo", "--ranks", "0",
-                                "--local-socket", sock, "--spool-dir", str(tmp_path / "spool"),
-                                "--interval", "0.5"], tmp_path)
-        try:
-            wait_until(lambda: (tmp_path / "agent.sock").exists(), 60, "the agent's socket")
-            reporter = Reporter(torch.zeros((1, 1), dtype=torch.int64), rank=0, socket_path=sock,
-                                job=pb.JobSpec(job_id="grpo", layers=1, experts=1)).start()
-            clock = Clock()
-            attach_rl(reporter.send_report, job_id="grpo", rank=0, role="hybrid", clock=clock)
-            for step in range(3):
-                policy_version(step)
-                for name, seconds in (("generate", 6.0), ("offload", 0.5), ("train_update", 3.0),
-                                      ("weight_sync", 0.5), ("onload", 0.5)):
-                    with phase(name, step=step, tokens=10 if name == "generate" else 0):
-                        clock.t += seconds
-                consumed_batch(step, trained_version=step, sample_versions=[step] * 8, bound=0)
-            detach_rl()
-            reporter.close()
-            api = httpx.Client(base_url=f"http://127.0.0.1:{srv['http_port']}/api/v1/jobs/grpo/rl", timeout=10)
-            got = wait_until(lambda: (r := api.get("/spans", params={"step_start": 0, "step_end": 3}).json())
-                             .get("count") == 15 and r, 60, "15 spans over REST",
-                             retry_on=(OSError, httpx.HTTPError))
-            assert got["version"] == [s for s in range(3) for _ in range(5)]
-            assert set(got["node"]) == {"node-0"} and got["tokens"].count(10) == 3
-            assert np.allclose(np.subtract(got["end"], got["start"]).sum(), 3 * 10.5)
-            assert [b["lag_max"] for b in api.get("/batches").json()] == [0, 0, 0]
-            idle = api.get("/idle", params={"step_start": 0, "step_end": 3}).json()["summary"]
-            assert idle["black_hole_fraction"] == 0.0 and idle["switch_share"] == pytest.approx(1 / 10.5)
-            assert PHASE_CODE["generate"] == 0
-        finally:
-            agent.stop()
+    with sdk_agent(tmp_path) as (srv, sock):
+        reporter = Reporter(torch.zeros((1, 1), dtype=torch.int64), rank=0, socket_path=sock,
+                            job=pb.JobSpec(job_id="grpo", layers=1, experts=1)).start()
+        clock = Clock()
+        attach_rl(reporter.send_report, job_id="grpo", rank=0, role="hybrid", clock=clock)
+        for step in range(3):
+            policy_version(step)
+            for name, seconds in (("generate", 6.0), ("offload", 0.5), ("train_update", 3.0),
+                                  ("weight_sync", 0.5), ("onload", 0.5)):
+                with phase(name, step=step, tokens=10 if name == "generate" else 0):
+                    clock.t += seconds
+            consumed_batch(step, trained_version=step, sample_versions=[step] * 8, bound=0)
+        detach_rl()
+        reporter.close()
+        api = httpx.Client(base_url=f"http://127.0.0.1:{srv['http_port']}/api/v1/jobs/grpo/rl", timeout=10)
+        got = wait_until(lambda: (r := api.get("/spans", params={"step_start": 0, "step_end": 3}).json())
+                         .get("count") == 15 and r, 60, "15 spans over REST",
+                         retry_on=(OSError, httpx.HTTPError))
+        assert got["version"] == [s for s in range(3) for _ in range(5)]
+        assert set(got["node"]) == {"node-0"} and got["tokens"].count(10) == 3
+        assert np.allclose(np.subtract(got["end"], got["start"]).sum(), 3 * 10.5)
+        assert [b["lag_max"] for b in api.get("/batches").json()] == [0, 0, 0]
+        idle = api.get("/idle", params={"step_start": 0, "step_end": 3}).json()["summary"]
+        assert idle["black_hole_fraction"] == 0.0 and idle["switch_share"] == pytest.approx(1 / 10.5)
+        assert PHASE_CODE["generate"] == 0
