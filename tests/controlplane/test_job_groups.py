@@ -5,6 +5,8 @@ spec whose groups do not fit the job, or contradict the job's, is refused naming
 
 from __future__ import annotations
 
+import contextlib
+
 import grpc
 import httpx
 import numpy as np
@@ -47,6 +49,21 @@ def nodes_of_groups(phy2log: np.ndarray) -> list[list[set[int]]]:
     return [[set(node[group[lay] == g].tolist()) for g in range(K)] for lay in range(L)]
 
 
+@contextlib.contextmanager
+def connected(port: int, *hellos: pb.AgentMessage):
+    """One ScriptedAgent per hello (named by its node), each sent its hello; closed on exit."""
+    agents = [ScriptedAgent(port, m.hello.node_id) for m in hellos]
+    for a in agents:
+        aio.run(a.__aenter__())
+    try:
+        for a, m in zip(agents, hellos, strict=True):
+            a.send(m)
+        yield agents
+    finally:
+        for a in agents:
+            aio.run(a.__aexit__(None, None, None))
+
+
 def refused(port: int, msg: pb.AgentMessage) -> tuple[grpc.StatusCode, str]:
     async def script():
         async with ScriptedAgent(port, msg.hello.node_id) as agent:
@@ -73,36 +90,28 @@ def assert_groups_kept(plan: pb.PlacementPlan) -> None:
 def test_plans_of_a_job_with_groups_keep_each_group_on_one_node(database_url):
     from tests.controlplane.serverthread import running_server
 
-    with running_server(database_url, controller_interval_s=0.05) as srv:
-        http = httpx.Client(base_url=f"http://127.0.0.1:{srv['http_port']}/api/v1", timeout=10)
-        a0, a1 = ScriptedAgent(srv["grpc_port"], "node-0"), ScriptedAgent(srv["grpc_port"], "node-1")
-        aio.run(a0.__aenter__())
-        aio.run(a1.__aenter__())
-        try:
-            a0.send(job_hello("node-0", [0, 1]))
-            a1.send(job_hello("node-1", [2, 3]))
-            for a in (a0, a1):
-                aio.run(a.wait_for(lambda r: any(m.WhichOneof("body") == "config" for m in r)))
-            assert http.get("/jobs/job-1").json()["groups"] == K
-            # a node whose spec says other groups is refused; the job keeps its spec
-            code, details = refused(srv["grpc_port"], job_hello("node-2", [4, 5], groups=8))
-            assert code == grpc.StatusCode.INVALID_ARGUMENT and "hello.job.groups" in details
-            assert http.get("/jobs/job-1").json()["groups"] == K
-            for i, step in enumerate(range(6)):
-                c = skewed(step)
-                a0.send(loads(1 + i, step, c // 2, ts=1000.0 + step))
-                a1.send(loads(1 + i, step, c - c // 2, ts=1000.0 + step, ranks=(2, 3)))
-            aio.run(a0.wait_for(lambda _r: plans_of(a0), timeout=30))
-            assert_groups_kept(plans_of(a0)[0])
-            # a dry run of the planner for this job keeps them too
-            r = http.post("/jobs/job-1/plans/dry-run", json={"steps": 3, "incremental": False})
-            assert r.status_code == 200, r.text
-            where = nodes_of_groups(np.array(r.json()["phy2log"]))
-            assert all(len(nodes) == 1 for row in where for nodes in row), where
-        finally:
-            aio.run(a0.__aexit__(None, None, None))
-            aio.run(a1.__aexit__(None, None, None))
-            http.close()
+    with (running_server(database_url, controller_interval_s=0.05) as srv,
+          httpx.Client(base_url=f"http://127.0.0.1:{srv['http_port']}/api/v1", timeout=10) as http,
+          connected(srv["grpc_port"], job_hello("node-0", [0, 1]),
+                    job_hello("node-1", [2, 3])) as (a0, a1)):
+        for a in (a0, a1):
+            aio.run(a.wait_for(lambda r: any(m.WhichOneof("body") == "config" for m in r)))
+        assert http.get("/jobs/job-1").json()["groups"] == K
+        # a node whose spec says other groups is refused; the job keeps its spec
+        code, details = refused(srv["grpc_port"], job_hello("node-2", [4, 5], groups=8))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "hello.job.groups" in details
+        assert http.get("/jobs/job-1").json()["groups"] == K
+        for i, step in enumerate(range(6)):
+            c = skewed(step)
+            a0.send(loads(1 + i, step, c // 2, ts=1000.0 + step))
+            a1.send(loads(1 + i, step, c - c // 2, ts=1000.0 + step, ranks=(2, 3)))
+        aio.run(a0.wait_for(lambda _r: plans_of(a0), timeout=30))
+        assert_groups_kept(plans_of(a0)[0])
+        # a dry run of the planner for this job keeps them too
+        r = http.post("/jobs/job-1/plans/dry-run", json={"steps": 3, "incremental": False})
+        assert r.status_code == 200, r.text
+        where = nodes_of_groups(np.array(r.json()["phy2log"]))
+        assert all(len(nodes) == 1 for row in where for nodes in row), where
 
 
 def test_the_nodes_of_a_job_with_groups_are_the_specs_not_its_agents(tmp_path):
@@ -110,19 +119,14 @@ def test_the_nodes_of_a_job_with_groups_are_the_specs_not_its_agents(tmp_path):
     nodes, and the plans keep each group on one of them."""
     from tests.controlplane.serverthread import running_server
 
-    with running_server(f"sqlite:///{tmp_path / 'one.sqlite'}", controller_interval_s=0.05) as srv:
-        agent = ScriptedAgent(srv["grpc_port"], "node-0")
-        aio.run(agent.__aenter__())
-        try:
-            msg = job_hello("node-0", [0, 1])
-            msg.hello.ranks[:] = [0, 1, 2, 3]
-            agent.send(msg)
-            for i, step in enumerate(range(6)):
-                agent.send(loads(1 + i, step, skewed(step), ts=1000.0 + step, ranks=(0, 1, 2, 3)))
-            aio.run(agent.wait_for(lambda _r: plans_of(agent), timeout=30))
-            assert_groups_kept(plans_of(agent)[0])
-        finally:
-            aio.run(agent.__aexit__(None, None, None))
+    msg = job_hello("node-0", [0, 1])
+    msg.hello.ranks[:] = [0, 1, 2, 3]
+    with (running_server(f"sqlite:///{tmp_path / 'one.sqlite'}", controller_interval_s=0.05) as srv,
+          connected(srv["grpc_port"], msg) as (agent,)):
+        for i, step in enumerate(range(6)):
+            agent.send(loads(1 + i, step, skewed(step), ts=1000.0 + step, ranks=(0, 1, 2, 3)))
+        aio.run(agent.wait_for(lambda _r: plans_of(agent), timeout=30))
+        assert_groups_kept(plans_of(agent)[0])
 
 
 def test_the_first_hello_with_groups_that_do_not_fit_ends_the_stream(tmp_path):
