@@ -114,8 +114,7 @@ def bench_server(engine, reps: int) -> dict:
             t1 = time.perf_counter()
             g = sp.grid(step, records)
             t2 = time.perf_counter()
-            labels = [V.device_label(r, k) for r, k in zip(g.roles.tolist(), g.ranks.tolist(), strict=True)]
-            V.step_grid_figure(labels, g).to_json()
+            V.step_grid_figure(g).to_json()
             read.append(t1 - t0)
             grid.append(t2 - t1)
             figure.append(time.perf_counter() - t2)

@@ -101,9 +101,7 @@ def _timeline(engine: Engine, job_id: str, lo: int, hi: int):
     if int(counts.sum()) <= GANTT_MAX_SPANS:
         spans = store_rl.read_spans(engine, job_id, lo, hi)
         return V.timeline_figure(spans), (per_step, counts), spans
-    g = sp.grid(steps, records)
-    labels = [V.device_label(r, k) for r, k in zip(g.roles.tolist(), g.ranks.tolist(), strict=True)]
-    return V.step_grid_figure(labels, g), (per_step, counts), None
+    return V.step_grid_figure(sp.grid(steps, records)), (per_step, counts), None
 
 
 TRACE_PATH = "rl-trace"  # served by the dashboard itself, behind its login like the page

@@ -69,14 +69,15 @@ def timeline_figure(spans: Spans) -> go.Figure:
     return fig
 
 
-def step_grid_figure(labels: list[str], g: sp.StepGrid) -> go.Figure:
-    """The timeline of a range too large for one bar per span: one row per device (``labels``
-    [D], as :func:`device_label` writes them, for ``g.ranks``), one cell per step of ``g``,
+def step_grid_figure(g: sp.StepGrid) -> go.Figure:
+    """The timeline of a range too large for one bar per span: one row per device of ``g``
+    (labelled by :func:`device_label`), one cell per step of ``g``,
     coloured by the phase with the most seconds in the step, white where the device has no span
     in it; hover: that phase's seconds and the device's idle seconds (the step's wall minus its
     phase seconds). Sent as int8 codes [D, S] and float32 [D, S, 2] to keep the figure small."""
     if g.steps.size == 0:
         return _empty("timeline: no spans")
+    labels = [device_label(r, k) for r, k in zip(g.roles.tolist(), g.ranks.tolist(), strict=True)]
     top, top_s = g.dominant()  # [S, D]
     order = [labels.index(r) for r in device_rows(labels)][::-1]  # plotly draws row 0 at the bottom
     hover = np.stack([top_s[:, order].T, g.idle()[:, order].T], axis=2).astype(np.float32)

@@ -28,9 +28,8 @@ def summarize(step, rank, role, phase, start, end, phases: int = len(PHASES)) ->
     int [N], role int [N], phase int [N] codes < ``phases``, start/end float64 [N] unix s)
     summed per (step, rank); sorted by step, then rank."""
     step, rank = np.asarray(step, dtype=np.int64), np.asarray(rank, dtype=np.int64)
-    out = np.zeros(0, dtype=record_dtype(phases))
     if step.size == 0:
-        return np.zeros(0, dtype=np.int64), out
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=record_dtype(phases))
     keys, cell = np.unique((step << 32) + (rank + 2**31), return_inverse=True)  # rank: int32
     cell = cell.reshape(-1)
     k = keys.size
