@@ -13,6 +13,7 @@ from moeplane.controlplane.api.metrics import router as metrics_router
 from moeplane.controlplane.api.offload import router as offload_router
 from moeplane.controlplane.api.plans import default_router as default_policy_router
 from moeplane.controlplane.api.plans import router as plans_router
+from moeplane.controlplane.api.readcache import ReadCache
 from moeplane.controlplane.api.rl import router as rl_router
 from moeplane.controlplane.api.rl_loads import router as rl_loads_router
 from moeplane.controlplane.api.routes import router
@@ -42,9 +43,10 @@ def create_api(engine: Engine, **state) -> FastAPI:
     app.add_middleware(BodyGuard, max_bytes=state.pop("max_body_bytes", None) or DEFAULT_MAX_BODY_BYTES)
     app.add_middleware(MethodsGuard)  # HEAD, OPTIONS and 405 with the path's real Allow
     app.state.tokens = None
-    document_security(app)
-    secured = app.openapi
-    app.openapi = lambda: document_rules(secured())  # x-rules: each operation's cross-field rules, 422
+    build = app.openapi
+    app.openapi = lambda: document_rules(build())  # x-rules: each operation's cross-field rules, 422
+    document_security(app)  # on top: the document is built, with its rules, once and cached
+    app.state.read_cache = ReadCache()  # history pages shared by identical reads
     for k, val in state.items():
         setattr(app.state, k, val)
     if getattr(app.state, "placements", None) is None:  # serve passes the process's one

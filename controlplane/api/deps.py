@@ -13,8 +13,9 @@ from moeplane.controlplane.store.queries import MAX_LIMIT, Range
 
 
 async def get_engine(request: Request) -> Engine:
-    """``async``: FastAPI calls it on the event loop; a plain ``def`` would cost every request
-    a round trip through the worker threads (under load, a wait for a thread and the GIL)."""
+    """``async``, as every dependency here: FastAPI calls it on the event loop; a plain ``def``
+    would cost every request a round trip through the worker threads (under load, a wait for a
+    thread and the GIL)."""
     return request.app.state.engine
 
 
@@ -29,7 +30,7 @@ MAX_STEP = MAX_INT
 MAX_TIME = 1e11  # unix seconds, year 5138
 
 
-def get_placements(request: Request) -> PlacementSource:
+async def get_placements(request: Request) -> PlacementSource:
     """The process's placement source (shared with the controller and the dashboard)."""
     return request.app.state.placements
 
@@ -37,7 +38,7 @@ def get_placements(request: Request) -> PlacementSource:
 PlacementsDep = Annotated[PlacementSource, Depends(get_placements)]
 
 
-def get_executor(request: Request) -> Executor:
+async def get_executor(request: Request) -> Executor:
     """The executor of decisions (approve → push → publish on the app's bus)."""
     state = request.app.state
     if getattr(state, "executor", None) is None:
@@ -48,7 +49,7 @@ def get_executor(request: Request) -> Executor:
 ExecutorDep = Annotated[Executor, Depends(get_executor)]
 
 
-def get_range(
+async def get_range(
     start: Annotated[float | None, Query(description="from this unix time (s), inclusive", ge=0, le=MAX_TIME)] = None,
     end: Annotated[float | None, Query(description="to this unix time (s), exclusive", ge=0, le=MAX_TIME)] = None,
     step_start: Annotated[int | None, Query(description="from this step, inclusive", ge=0, le=MAX_STEP)] = None,

@@ -21,9 +21,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from moeplane.controlplane.api.deps import MAX_INT, MAX_STEP, EngineDep, get_placements
+from moeplane.controlplane.api.deps import MAX_INT, MAX_STEP, MAX_TIME, EngineDep, PlacementsDep
 from moeplane.controlplane.api.plans import PlanSummary
-from moeplane.controlplane.api.readcache import ReadCache
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
 from moeplane.controlplane.api.rules import STEP_RANGE, rules
 from moeplane.controlplane.retention import RetentionPolicy
@@ -38,8 +37,8 @@ CSV = {200: {"content": {"text/csv": {"schema": {"type": "string"}}},
              "description": "JSON page, or CSV rows with format=csv"}}
 RESPONSES = NOT_FOUND | BAD | CSV
 
-Start = Annotated[float | None, Query(ge=0, le=1e11, description="unix s, inclusive (rounded down to a bucket)")]
-End = Annotated[float | None, Query(ge=0, le=1e11, description="unix s, exclusive (rounded up to a bucket)")]
+Start = Annotated[float | None, Query(ge=0, le=MAX_TIME, description="unix s, inclusive (rounded down to a bucket)")]
+End = Annotated[float | None, Query(ge=0, le=MAX_TIME, description="unix s, exclusive (rounded up to a bucket)")]
 StepStart = Annotated[int | None, Query(ge=0, le=MAX_STEP, description="from this step, inclusive")]
 StepEnd = Annotated[int | None, Query(ge=0, le=MAX_STEP, description="to this step, exclusive")]
 Bucket = Annotated[int | None, Query(ge=1, le=604800, description="bucket width, s; default: the range in one page (<= 500 buckets)")]
@@ -151,10 +150,7 @@ async def _page(request: Request, format: str, compute, model, csv_columns) -> R
     """``compute()``'s page (a plain function, run in a worker thread): JSON shared by identical
     reads (ReadCache: at most ``max_stale_s`` old), or CSV computed for this request."""
     if format == "json":
-        cache = getattr(request.app.state, "read_cache", None)
-        if cache is None:
-            cache = request.app.state.read_cache = ReadCache()
-        return await cache.json((request.url.path, request.url.query), compute, model)
+        return await request.app.state.read_cache.json((request.url.path, request.url.query), compute, model)
     page = await asyncio.to_thread(compute)
     return _csv(csv_columns(page), page)
 
@@ -218,7 +214,7 @@ async def step_stats(
 @router.get("/jobs/{job_id}/loads", response_model=LoadHistory, responses=RESPONSES,
             openapi_extra=rules(WINDOW, STEP_RANGE))
 async def loads(
-    job_id: JobId, request: Request, engine: EngineDep,
+    job_id: JobId, request: Request, engine: EngineDep, placements: PlacementsDep,
     view: Annotated[Literal["matrix", "layer", "expert", "ranks"], Query()] = "matrix",
     agg: Annotated[Literal["mean", "max", "p95"], Query(description="over the steps of a bucket")] = "mean",
     layer: Annotated[int | None, Query(ge=0, le=1 << 16)] = None,
@@ -235,7 +231,7 @@ async def loads(
         if win is None:
             return _empty(bucket_s, job_id=job_id, view=view, agg=agg)
         return LH.load_history(engine, job_id, win, view=view, agg=agg, layer=layer, expert=expert,
-                               steps=(step_start, step_end), placements=get_placements(request))
+                               steps=(step_start, step_end), placements=placements)
 
     return await _page(request, format, compute, LoadHistory, lambda page: (
         _long_rows(page, view, layer, expert), ["start", "steps", "index_0", "index_1", "value"]))

@@ -7,7 +7,7 @@ the OpenAPI document, where clients and schemathesis read it."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
@@ -15,14 +15,28 @@ from moeplane.controlplane.api.deps import MAX_INT
 from moeplane.controlplane.balancing import SEARCHES
 
 Search = Literal[SEARCHES]  # type: ignore[valid-type] - the planner's searches, by name
+ModeName = Literal["auto", "manual"]  # the policies' Mode, by name
 
 
-class PolicyChanges(BaseModel):
-    """Settings to change; those left out keep their value (see RebalancePolicy for units)."""
+class _Changes(BaseModel):
+    """Settings of a policy to change: no other key; those left out, or null unless named in
+    ``NULLABLE``, keep their value."""
 
     model_config = ConfigDict(extra="forbid")
+    NULLABLE: ClassVar[frozenset[str]] = frozenset()
 
-    mode: Literal["auto", "manual"] | None = None
+    def changes(self) -> dict:
+        """The settings given, for the policy's ``updated`` (a null only where ``NULLABLE``)."""
+        given = self.model_dump(exclude_unset=True)
+        return {k: v for k, v in given.items() if v is not None or k in self.NULLABLE}
+
+
+class PolicyChanges(_Changes):
+    """Settings to change; those left out keep their value (see RebalancePolicy for units)."""
+
+    NULLABLE = frozenset({"max_moves"})  # null: the planner's choice; any other null: leave it
+
+    mode: ModeName | None = None
     imbalance_threshold: StrictFloat | None = Field(default=None, ge=1.0, le=1e6, allow_inf_nan=False)
     sustain_steps: StrictInt | None = Field(default=None, ge=1, le=2**31 - 1)
     min_interval_s: StrictFloat | None = Field(default=None, ge=0, le=1e9, allow_inf_nan=False)
@@ -37,26 +51,14 @@ class PolicyChanges(BaseModel):
     search: Search | None = None
     plan_timeout_s: StrictFloat | None = Field(default=None, ge=0, le=1e9, allow_inf_nan=False)
 
-    def changes(self) -> dict:
-        """The settings given (``max_moves: null`` included), for ``RebalancePolicy.updated``.
-        Any other null means "leave it" and is dropped."""
-        given = self.model_dump(exclude_unset=True)
-        return {k: v for k, v in given.items() if v is not None or k == "max_moves"}
 
-
-class OffloadPolicyChanges(BaseModel):
+class OffloadPolicyChanges(_Changes):
     """Settings of a job's memory-offload policy to change (see OffloadPolicy); those left
     out, or null, keep their value."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    mode: Literal["auto", "manual"] | None = None
+    mode: ModeName | None = None
     high_watermark: StrictFloat | None = Field(default=None, gt=0, le=1, allow_inf_nan=False,
                                          description="fraction of each device's capacity")
     low_watermark: StrictFloat | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False,
                                         description="fraction of each device's capacity, below high_watermark")
     decision_timeout_s: StrictFloat | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
-
-    def changes(self) -> dict:
-        """The settings given, for ``OffloadPolicy.updated``."""
-        return {k: v for k, v in self.model_dump(exclude_unset=True).items() if v is not None}

@@ -46,8 +46,30 @@ class Source:
         return {"n": self.calls}
 
 
+def scripted(*outcomes):
+    """A computation returning (or, for an exception, raising) ``outcomes`` one call after another."""
+    left = iter(outcomes)
+
+    def compute() -> dict:
+        outcome = next(left)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    return compute
+
+
 async def body(cache: ReadCache, key, source) -> dict:
     return json.loads((await cache.json(key, source, Page)).body)
+
+
+async def first_page(source) -> tuple[ReadCache, Clock]:
+    """A cache (``ttl_s`` 1, ``max_stale_s`` 5, on a test clock) that has served ``source``'s
+    first page, ``{"n": 1}``, under key "k"."""
+    clock = Clock()
+    cache = ReadCache(ttl_s=1.0, max_stale_s=5.0, clock=clock)
+    assert await body(cache, "k", source) == {"n": 1}
+    return cache, clock
 
 
 def test_identical_reads_share_one_computation():
@@ -68,10 +90,8 @@ def test_identical_reads_share_one_computation():
 
 def test_a_stale_page_is_served_while_one_refresh_runs():
     async def main():
-        clock = Clock()
-        cache = ReadCache(ttl_s=1.0, max_stale_s=5.0, clock=clock)
         source = Source()
-        assert await body(cache, "k", source) == {"n": 1}
+        cache, clock = await first_page(source)
         clock.now += 1.0  # past the TTL: served at once, one refresh starts
         source.gate.clear()
         source.entered.clear()
@@ -91,10 +111,8 @@ def test_a_stale_page_is_served_while_one_refresh_runs():
 
 def test_a_page_past_max_stale_is_not_served():
     async def main():
-        clock = Clock()
-        cache = ReadCache(ttl_s=1.0, max_stale_s=5.0, clock=clock)
         source = Source()
-        assert await body(cache, "k", source) == {"n": 1}
+        cache, clock = await first_page(source)
         clock.now += 5.0
         assert await body(cache, "k", source) == {"n": 2}  # waited for the fresh page
 
@@ -104,35 +122,19 @@ def test_a_page_past_max_stale_is_not_served():
 def test_a_failure_is_not_kept():
     async def main():
         cache = ReadCache(ttl_s=60.0, max_stale_s=60.0, clock=Clock())
-        outcomes = iter([LookupError("job 'j' not found"), {"n": 7}])
-
-        def compute():
-            outcome = next(outcomes)
-            if isinstance(outcome, Exception):
-                raise outcome
-            return outcome
-
+        compute = scripted(LookupError("job 'j' not found"), {"n": 7})
         with pytest.raises(LookupError):
             await cache.json("k", compute, Page)
         await asyncio.sleep(0)  # a yield, not a wait: the failed task's done-callback runs
-        assert json.loads((await cache.json("k", compute, Page)).body) == {"n": 7}
+        assert await body(cache, "k", compute) == {"n": 7}
 
     asyncio.run(main())
 
 
 def test_a_failed_refresh_keeps_the_last_page_until_max_stale():
     async def main():
-        clock = Clock()
-        cache = ReadCache(ttl_s=1.0, max_stale_s=5.0, clock=clock)
-        outcomes = iter([{"n": 1}, LookupError("store unreachable"), LookupError("store unreachable")])
-
-        def compute():
-            outcome = next(outcomes)
-            if isinstance(outcome, Exception):
-                raise outcome
-            return outcome
-
-        assert await body(cache, "k", compute) == {"n": 1}
+        compute = scripted({"n": 1}, LookupError("store unreachable"), LookupError("store unreachable"))
+        cache, clock = await first_page(compute)
         clock.now += 2.0
         assert await body(cache, "k", compute) == {"n": 1}  # stale, served; its refresh fails
         with pytest.raises(LookupError):

@@ -29,21 +29,29 @@ ST = Path(sys.executable).with_name("st")
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # the check's defaults
 
 
-def _document(port: int) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/openapi.json", timeout=30) as r:
+def _get(port: int, path: str) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
         return json.load(r)
+
+
+def _document(port: int) -> dict:
+    return _get(port, "/openapi.json")
+
+
+def _stated(doc: dict) -> list[tuple[str, str, dict]]:
+    """(path, method, operation) of every operation that states its rules (``x-rules``)."""
+    return [(path, method, op) for path, ops in doc["paths"].items() for method, op in ops.items()
+            if isinstance(op, dict) and op.get(RULES_KEY)]
 
 
 def _config(doc: dict) -> str:
     """schemathesis.toml: 422 accepted on exactly the operations that state their rules."""
     lines = []
-    for path, ops in doc["paths"].items():
-        for method, op in ops.items():
-            if isinstance(op, dict) and op.get(RULES_KEY):
-                lines += ["[[operations]]", f"include-path = {json.dumps(path)}",
-                          f"include-method = {json.dumps(method.upper())}",
-                          f"checks.positive_data_acceptance.expected-statuses = {json.dumps(ACCEPTED + ['422'])}",
-                          ""]
+    for path, method, _op in _stated(doc):
+        lines += ["[[operations]]", f"include-path = {json.dumps(path)}",
+                  f"include-method = {json.dumps(method.upper())}",
+                  f"checks.positive_data_acceptance.expected-statuses = {json.dumps(ACCEPTED + ['422'])}",
+                  ""]
     return "\n".join(lines)
 
 
@@ -57,13 +65,12 @@ def server(tmp_path_factory):
 
 def test_every_operation_that_refuses_a_valid_shape_states_why(server):
     doc = _document(server["http_port"])
-    stated = {(m, p) for p, ops in doc["paths"].items() for m, op in ops.items()
-              if isinstance(op, dict) and op.get(RULES_KEY)}
-    assert ("put", "/api/v1/jobs/{job_id}/offload/policy") in stated
-    assert ("get", "/api/v1/history/jobs/{job_id}/steps") in stated
-    for method, path in stated:
-        bad = doc["paths"][path][method]["responses"]["422"]["description"]
-        assert all(rule in bad for rule in doc["paths"][path][method][RULES_KEY])
+    stated = _stated(doc)
+    assert {(m, p) for p, m, _op in stated} >= {("put", "/api/v1/jobs/{job_id}/offload/policy"),
+                                               ("get", "/api/v1/history/jobs/{job_id}/steps")}
+    for _path, _method, op in stated:
+        bad = op["responses"]["422"]["description"]
+        assert all(rule in bad for rule in op[RULES_KEY])
     offload = doc["components"]["schemas"]["OffloadPolicyChanges"]
     assert offload["additionalProperties"] is False
     epoch = doc["components"]["schemas"]["RollbackRequest"]["properties"]["epoch"]
@@ -89,12 +96,8 @@ def _put(port: int, path: str, body: dict) -> tuple[int, str]:
 def test_what_the_policy_schemas_refuse_is_refused_by_name(server, path, body, named):
     status, text = _put(server["http_port"], path, body)
     assert status == 422 and named in text, text
-    with urllib.request.urlopen(f"http://127.0.0.1:{server['http_port']}/api/v1/jobs/job-1/offload/policy",
-                                timeout=30) as r:
-        assert json.load(r)["high_watermark"] == 0.9  # nothing of a refused body was applied
-    with urllib.request.urlopen(f"http://127.0.0.1:{server['http_port']}/api/v1/jobs/job-1/offload/policy",
-                                timeout=30) as r:
-        assert json.load(r)["high_watermark"] == 0.9  # nothing of the refused body was applied
+    policy = _get(server["http_port"], "/api/v1/jobs/job-1/offload/policy")
+    assert policy["high_watermark"] == 0.9  # nothing of the refused body was applied
 
 
 @pytest.mark.slow
