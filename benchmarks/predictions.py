@@ -75,19 +75,18 @@ def windows(database: str, job: str, plans: list[dict],
         yield p, loads, tuple(int(a) for a in ahead), P.get_plan(engine, job, p["epoch"])["phy2log"]
 
 
-def in_sample(database: str, job: str, plans: list[dict],
-              seen: dict[int, tuple[int, int]] | None = None) -> dict[int, float]:
-    """epoch -> the placement's mean routed balancedness over the steps it was fitted to."""
+def in_sample(windowed: list[tuple]) -> dict[int, float]:
+    """epoch -> the placement's mean routed balancedness over the steps it was fitted to
+    (``windowed``: ``windows``' tuples)."""
     return {p["epoch"]: float(routed_balancedness(loads, p2l, gpus=p["world_size"]).mean())
-            for p, loads, _, p2l in windows(database, job, plans, seen)}
+            for p, loads, _, p2l in windowed}
 
 
-def recomputed(database: str, job: str, plans: list[dict],
-               seen: dict[int, tuple[int, int]] | None = None) -> dict[int, float]:
+def recomputed(windowed: list[tuple]) -> dict[int, float]:
     """epoch -> this version's ``expected_balancedness`` of the pushed placement."""
     return {p["epoch"]: float(expected_balancedness(loads, [p2l], gpus=p["world_size"],
                                                     ahead=ahead)[0].mean())
-            for p, loads, ahead, p2l in windows(database, job, plans, seen)}
+            for p, loads, ahead, p2l in windowed}
 
 
 def errors(plans: list[dict], predicted: dict[int, float]) -> np.ndarray:
@@ -116,13 +115,13 @@ def report(url: str, database: str, job: str, *, recompute: bool = False,
     print("| prediction | plans measured | mean abs(measured − predicted) / measured | worst | "
           "mean signed | plans over 5 % | applied from step 300 on: plans, mean, worst |")
     print("|---|---|---|---|---|---|---|")
-    print(row("in-sample (baseline: the window it was fitted to)", plans,
-              in_sample(database, job, plans, seen)))
+    windowed = list(windows(database, job, plans, seen))  # the database read once
+    print(row("in-sample (baseline: the window it was fitted to)", plans, in_sample(windowed)))
     print(row("out of sample (`expected_balancedness`, pushed)", plans,
               {p["epoch"]: p["predicted_after"] for p in plans}))
     if recompute:
         print(row("out of sample, this version (recomputed offline)", plans,
-                  recomputed(database, job, plans, seen)))
+                  recomputed(windowed)))
 
 
 def run_demo(steps: int, job: str) -> None:
