@@ -121,12 +121,12 @@ class Agent:
             extra_names.append(m.HOST_BOUND_RATIO)
             extra.append([hb.get(i, math.nan) for i in ids])
         mem = self.node.rank_memory
-        for col, name in ((0, m.MEMORY_USED_BYTES), (1, m.MEMORY_TOTAL_BYTES)):
-            if rank_ids and any(i in mem for i in rank_ids):
+        if any(i in mem for i in rank_ids):  # memory the rank-only devices' ranks measured
+            first = len(ids) - len(rank_ids)  # their rows
+            for col, name in ((0, m.MEMORY_USED_BYTES), (1, m.MEMORY_TOTAL_BYTES)):
                 row = [float(mem[i][col]) if i in mem else math.nan for i in ids]
                 if name in names:  # the collector's column: fill the rank devices' rows
-                    j = names.index(name)
-                    values[len(ids) - len(rank_ids):, j] = row[len(ids) - len(rank_ids):]
+                    values[first:, names.index(name)] = row[first:]
                 else:
                     extra_names.append(name)
                     extra.append(row)
