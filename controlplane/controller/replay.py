@@ -34,6 +34,7 @@ from moeplane.controlplane.balancing import (
     eplb_greedy,
     fresh_placement,
     gpu_loads,
+    layer_balancedness,
     plan_placement,
     routed_balancedness,
 )
@@ -72,10 +73,15 @@ class PolicyRun:
         }
 
 
+def _routed_gpus(step: np.ndarray, table) -> np.ndarray:
+    """Each GPU's tokens per layer, tokens routed: ``step [L, E]`` -> int64 ``[L, G]``."""
+    st = route_with(table, np.rint(step).astype(np.int64))
+    return st.reshape(table.layers, table.gpus, -1).sum(axis=2)
+
+
 def _routed_peak(step: np.ndarray, table) -> np.ndarray:
     """Most loaded GPU's tokens per layer, tokens routed: ``step [L, E]`` -> ``[L]``."""
-    st = route_with(table, np.rint(step).astype(np.int64))
-    return st.reshape(table.layers, table.gpus, -1).sum(axis=2).max(axis=1)
+    return _routed_gpus(step, table).max(axis=1)
 
 
 def _stall(old, new, gpus, spg, nodes, policy) -> tuple[float, int]:
@@ -139,9 +145,12 @@ def replay_trace(
             runs[name].expert_s.append(float(peak.sum()) * seconds_per_token)
         # the controller: decide on the steps before t, adopt at t
         past = trace[lo:t]
-        for k in range(lo, t):  # each step's measured balancedness under the placement in force
-            if k not in measured:
-                measured[k] = float(routed_balancedness(trace[k][None], cur, gpus=gpus).mean())
+        # each step's measured balancedness under the placement in force: a step run under it
+        # was measured as it ran (below); the window's steps before it was adopted, here
+        missing = [k for k in range(lo, t) if k not in measured]
+        if missing:
+            measured.update(zip(missing, routed_balancedness(trace[missing], cur, gpus=gpus)
+                                .mean(axis=1).tolist(), strict=True))
         bal = np.array([measured[k] for k in range(lo, t)])
         step_time = float(np.mean(runs["controller"].expert_s[-window:] or [1.0])) / \
             policy.moe_time_fraction
@@ -159,7 +168,9 @@ def replay_trace(
             table = routing_table(cur, gpus=gpus, num_experts=experts)
             measured = {}
             now += decision.cost_s
-        expert_s = float(_routed_peak(trace[t], table).sum()) * seconds_per_token
+        per_gpu = _routed_gpus(trace[t], table)
+        measured[t] = float(layer_balancedness(per_gpu.astype(np.float64)).mean())
+        expert_s = float(per_gpu.max(axis=1).sum()) * seconds_per_token
         run.expert_s.append(expert_s)
         now += expert_s / policy.moe_time_fraction
         best = oracle(trace[t])
