@@ -26,6 +26,7 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 # stop at 2**53 - 1, the largest a JSON number carries exactly (RFC 7493): past it, a client
 # that parses numbers as doubles rounds a value over the bound down onto it.
 MAX_INT = 2**53 - 1
+MAX_INT32 = 2**31 - 1  # 32-bit ids and counts (token ids, policy step counts, max_moves)
 MAX_STEP = MAX_INT
 MAX_TIME = 1e11  # unix seconds, year 5138
 

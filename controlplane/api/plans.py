@@ -11,7 +11,7 @@ import numpy as np
 from fastapi import APIRouter, Body, Path, Query
 from pydantic import BaseModel, Field, StrictInt
 
-from moeplane.controlplane.api.deps import MAX_INT, EngineDep, ExecutorDep, PlacementsDep
+from moeplane.controlplane.api.deps import MAX_INT, MAX_INT32, EngineDep, ExecutorDep, PlacementsDep
 from moeplane.controlplane.api.policy import PolicyChanges
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
 from moeplane.controlplane.api.rules import JOB_SHAPE, rules
@@ -77,7 +77,7 @@ class PlacementRequest(BaseModel):
 class DryRunRequest(BaseModel):
     loads: list[list[float]] | None = Field(default=None, description="[L, E]; default: recent loads")
     steps: StrictInt = Field(default=20, ge=1, le=10_000, description="recent steps averaged when no loads given")
-    max_moves: StrictInt | None = Field(default=None, ge=0, le=2**31 - 1)
+    max_moves: StrictInt | None = Field(default=None, ge=0, le=MAX_INT32)
     incremental: bool = True
     search: Literal["repair", "relieve"] = Field(
         default="repair",

@@ -11,7 +11,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt
 
-from moeplane.controlplane.api.deps import MAX_INT
+from moeplane.controlplane.api.deps import MAX_INT, MAX_INT32
 from moeplane.controlplane.balancing import SEARCHES
 
 Search = Literal[SEARCHES]  # type: ignore[valid-type] - the planner's searches, by name
@@ -38,16 +38,16 @@ class PolicyChanges(_Changes):
 
     mode: ModeName | None = None
     imbalance_threshold: StrictFloat | None = Field(default=None, ge=1.0, le=1e6, allow_inf_nan=False)
-    sustain_steps: StrictInt | None = Field(default=None, ge=1, le=2**31 - 1)
+    sustain_steps: StrictInt | None = Field(default=None, ge=1, le=MAX_INT32)
     min_interval_s: StrictFloat | None = Field(default=None, ge=0, le=1e9, allow_inf_nan=False)
-    window_steps: StrictInt | None = Field(default=None, ge=1, le=2**31 - 1)
-    horizon_steps: StrictInt | None = Field(default=None, ge=0, le=2**31 - 1)
+    window_steps: StrictInt | None = Field(default=None, ge=1, le=MAX_INT32)
+    horizon_steps: StrictInt | None = Field(default=None, ge=0, le=MAX_INT32)
     min_layer_gain: StrictFloat | None = Field(default=None, ge=0, lt=10, allow_inf_nan=False)
     expert_bytes: StrictInt | None = Field(default=None, ge=0, le=MAX_INT)
     intra_node_bytes_per_s: StrictFloat | None = Field(default=None, ge=0, le=1e15, allow_inf_nan=False)
     cross_node_bytes_per_s: StrictFloat | None = Field(default=None, ge=0, le=1e15, allow_inf_nan=False)
     moe_time_fraction: StrictFloat | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
-    max_moves: StrictInt | None = Field(default=None, ge=0, le=2**31 - 1, description="null: the planner's choice")
+    max_moves: StrictInt | None = Field(default=None, ge=0, le=MAX_INT32, description="null: the planner's choice")
     search: Search | None = None
     plan_timeout_s: StrictFloat | None = Field(default=None, ge=0, le=1e9, allow_inf_nan=False)
 

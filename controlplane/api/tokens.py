@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 
+from moeplane.controlplane.api.deps import MAX_INT32
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND
 from moeplane.controlplane.api.rules import rules
 from moeplane.controlplane.auth.http import role_extra
@@ -59,7 +60,7 @@ async def create_token(body: TokenRequest, request: Request) -> dict:
 
 
 @router.delete("/{token_id}", response_model=TokenInfo, responses=NOT_FOUND, openapi_extra=ADMIN)
-async def revoke_token(token_id: Annotated[int, Path(ge=1, le=2**31 - 1)], request: Request) -> dict:
+async def revoke_token(token_id: Annotated[int, Path(ge=1, le=MAX_INT32)], request: Request) -> dict:
     store = _store(request)
     await asyncio.to_thread(store.revoke, token_id)
     bus = getattr(request.app.state, "bus", None)
