@@ -27,7 +27,7 @@ from sqlalchemy.engine import Engine
 
 from moeplane.controlplane.rl import idle
 from moeplane.controlplane.rl import step_phases as sp
-from moeplane.controlplane.rl.step_window import MAX_STEPS, newest_within, step_window
+from moeplane.controlplane.rl.step_window import newest_within, step_window
 from moeplane.controlplane.rl.trace import chrome_trace
 from moeplane.controlplane.store import queries as q
 from moeplane.controlplane.store import rl as store_rl
@@ -83,7 +83,7 @@ def picked_range(start: str | None, end: str | None, newest: int | None) -> tupl
     first, last = _step(start, "from"), _step(end, "to")
     if first is not None and last is not None and last < first:
         raise ValueError(f"to: step {last} is before from {first}")
-    return step_window(first, None if last is None else last + 1, newest, default=STEPS, maximum=MAX_STEPS)
+    return step_window(first, None if last is None else last + 1, newest, default=STEPS)
 
 
 def timeline(engine: Engine, job_id: str, lo: int, hi: int):
@@ -120,7 +120,7 @@ def trace_response(engine: Engine, args) -> tuple[str, int, dict]:
     job_id = args.get("job") or ""
     try:
         lo, hi = (int(args.get(k, "")) for k in ("step_start", "step_end"))
-        lo, hi = step_window(lo, hi, None, maximum=MAX_STEPS)
+        lo, hi = step_window(lo, hi, None)
     except ValueError as exc:
         return f"bad step range: {exc}", 400, text
     try:

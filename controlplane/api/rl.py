@@ -2,7 +2,7 @@
 syncs, consumed batches, idle analysis and a Chrome-trace export, over a step range
 [step_start, step_end).
 
-Without a range the newest ``DEFAULT_STEPS`` steps with spans are read. A range with
+Without a range the newest ``step_window.DEFAULT_STEPS`` steps with spans are read. A range with
 step_end <= step_start, or wider than ``MAX_STEPS``, is refused with 422.
 """
 
@@ -22,7 +22,7 @@ from moeplane.controlplane.rl import idle
 from moeplane.controlplane.rl import step_phases as sp
 from moeplane.controlplane.rl import timeline_bins as tb
 from moeplane.controlplane.rl.phases import PHASES, ROLES
-from moeplane.controlplane.rl.step_window import DEFAULT_STEPS, MAX_STEPS, step_window
+from moeplane.controlplane.rl.step_window import MAX_STEPS, step_window
 from moeplane.controlplane.rl.trace import chrome_trace
 from moeplane.controlplane.store import rl as store_rl
 from moeplane.controlplane.store import rl_steps
@@ -43,7 +43,7 @@ def step_range(engine, job_id: str, step_start: int | None, step_end: int | None
     """The [start, end) steps to read (:func:`step_window`); raises ValueError (422) for a bad range."""
     require_job(engine, job_id)
     newest = store_rl.latest_step(engine, job_id) if step_start is None and step_end is None else None
-    return step_window(step_start, step_end, newest, default=DEFAULT_STEPS, maximum=MAX_STEPS)
+    return step_window(step_start, step_end, newest)
 
 
 class SpanColumns(BaseModel):

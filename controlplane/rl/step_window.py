@@ -8,11 +8,11 @@ MAX_STEPS = 10_000  # widest range
 
 
 def step_window(step_start: int | None, step_end: int | None, newest: int | None, *,
-                default: int = DEFAULT_STEPS, maximum: int = MAX_STEPS) -> tuple[int, int]:
+                default: int = DEFAULT_STEPS) -> tuple[int, int]:
     """[start, end) steps. Without an end: ``default`` steps from the start, or up to the
     ``newest`` stored step (None: nothing stored) when there is no start either; without a
     start: ``default`` steps before the end. Raises ValueError naming the bad bound for a
-    negative start, an empty range or one wider than ``maximum`` steps."""
+    negative start, an empty range or one wider than ``MAX_STEPS`` steps."""
     if step_start is not None and step_start < 0:
         raise ValueError(f"step_start: {step_start} is negative")
     if step_start is not None and step_end is not None and step_end <= step_start:
@@ -24,8 +24,8 @@ def step_window(step_start: int | None, step_end: int | None, newest: int | None
             step_end = 1 if newest is None else int(newest) + 1
     if step_start is None:
         step_start = max(0, step_end - default)
-    if step_end - step_start > maximum:
-        raise ValueError(f"step_end: a range of {step_end - step_start} steps exceeds {maximum}")
+    if step_end - step_start > MAX_STEPS:
+        raise ValueError(f"step_end: a range of {step_end - step_start} steps exceeds {MAX_STEPS}")
     return step_start, step_end
 
 
