@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 import flask
 import numpy as np
-from dash import Input, Output, State, ctx, dcc, html, no_update
+from dash import Input, Output, State, dcc, html, no_update
 from sqlalchemy.engine import Engine
 
 from moeplane.controlplane.rl import idle
@@ -56,6 +56,7 @@ def page(interval_ms: int) -> html.Div:
     return html.Div([
         dcc.Interval(id="rl-tick", interval=max(interval_ms, 2000)),
         dcc.Store(id="rl-range"),
+        dcc.Store(id="rl-applied-clicks", data=0),
         picker,
         html.Div(id="rl-range-status", style=_CARD),
         html.Div(id="rl-summary", style=_CARD),
@@ -142,32 +143,37 @@ def register(app, engine: Engine) -> None:
         Output("rl-range", "data"),
         Output("rl-range-status", "children"),
         Output("rl-trace-link", "href"),
+        Output("rl-applied-clicks", "data"),
         Input("rl-apply", "n_clicks"),
         Input("job-select", "value"),
         Input("rl-tick", "n_intervals"),
         State("rl-from", "value"),
         State("rl-to", "value"),
         State("rl-range", "data"),
+        State("rl-applied-clicks", "data"),
     )
-    def pick(_clicks, job_id, _n, start, end, shown):
+    def pick(clicks, job_id, _n, start, end, shown, applied):
         if not job_id:
-            return no_update, "no job has reported yet", ""
-        # the tick or a new job alone: the inputs last applied, not half-typed ones; a click that
-        # lands in the same batch as a tick is still the click
-        if "rl-apply.n_clicks" not in ctx.triggered_prop_ids:
+            return no_update, "no job has reported yet", "", no_update
+        # a click not applied yet takes the typed inputs, whatever triggered this call: a tick
+        # requested while the click's own call is in flight supersedes it and must not drop it;
+        # otherwise (the tick or a new job alone) the inputs last applied, not half-typed ones
+        clicked = (clicks or 0) != (applied or 0)
+        if not clicked:
             start, end = (shown or {}).get("picked", (None, None))
         newest = store_rl.latest_step(engine, job_id)
         try:
             lo, hi = picked_range(start, end, newest)
         except ValueError as exc:
-            return no_update, f"bad step range: {exc}", no_update
+            return no_update, f"bad step range: {exc}", no_update, clicks
         live = newest is not None and newest >= lo
         state = {"job": job_id, "lo": lo, "hi": hi, "newest": min(newest, hi - 1) if live else None,
                  "picked": [start, end]}
-        if state == shown:
-            return no_update, no_update, no_update
+        if state == shown and not clicked:
+            return no_update, no_update, no_update, no_update
         follow = " (the newest, live)" if not (start or "").strip() and not (end or "").strip() else ""
-        return state, f"steps {lo}–{hi - 1}{follow}", trace_href(job_id, lo, hi)
+        return (no_update if state == shown else state), f"steps {lo}–{hi - 1}{follow}", \
+            trace_href(job_id, lo, hi), clicks
 
     @app.callback(Output("rl-timeline", "figure"), *(Output(g, "figure") for g in ANALYSIS),
                   Output("rl-summary", "children"), Input("rl-range", "data"))
