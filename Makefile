@@ -63,7 +63,7 @@ lint-imports: wheel
 test: $(STAMP) $(VENV)/.torch services test-tools
 	$(BIN)/ruff check .
 	$(MAKE) --no-print-directory lint-imports
-	$(BIN)/python -m pytest -q
+	scripts/run-tests.sh $(BIN)/python
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not browser"
