@@ -6,7 +6,8 @@ and 737 MB of peak RSS to refuse. Here, for a request that may carry a body (any
 GET, HEAD, OPTIONS):
 
 - under ``/api/`` with tokens on, a missing, unknown or revoked bearer token gets 401 before a
-  byte of the body is read (the route's role is still checked by ``auth.http.authorize``);
+  byte of the body is read; the caller found is kept in the request's state (``AUTHENTICATED``)
+  and ``auth.http.authorize`` checks the route's role against it without a second lookup;
 - a body past ``max_bytes`` gets 413: at once when its Content-Length says so, else as soon as
   the bytes read pass it. The body is read here (bounded) and handed on to the app.
 
@@ -24,6 +25,7 @@ from moeplane.controlplane.auth.tokens import bearer
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 NO_BODY = frozenset({"GET", "HEAD", "OPTIONS"})
+AUTHENTICATED = "moeplane_authenticated"  # the request-state key of the caller found here
 
 
 class BodyGuard:
@@ -42,9 +44,12 @@ class BodyGuard:
         tokens = getattr(getattr(scope.get("app"), "state", None), "tokens", None)
         if tokens is not None and scope["path"].startswith("/api/"):
             secret = bearer(headers.get(b"authorization", b"").decode("latin-1"))
-            if secret is None or await to_thread.run_sync(tokens.authenticate, secret) is None:
+            principal = None if secret is None else await to_thread.run_sync(tokens.authenticate, secret)
+            if principal is None:
                 return await _refuse(send, 401, "a valid API token is required",
                                      [(b"www-authenticate", b"Bearer")])
+            # ``auth.http.authorize`` checks this request's role with it: one lookup per request
+            scope.setdefault("state", {})[AUTHENTICATED] = principal
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > self.max_bytes:
             return await _refuse(send, 413, f"the body is larger than {self.max_bytes} bytes")

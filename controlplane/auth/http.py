@@ -16,6 +16,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from moeplane.controlplane.api.schemas import ErrorBody
+from moeplane.controlplane.auth.body import AUTHENTICATED
 from moeplane.controlplane.auth.tokens import Principal, Role
 
 ROLE_KEY = "x-min-role"
@@ -50,15 +51,18 @@ async def authorize(
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
 ) -> Principal | None:
     """App-wide dependency. Returns the caller (None when open or public). ``async``, and the
-    token store is read in a worker thread only when tokens are on: an open or public request
-    makes no round trip through the worker threads."""
+    token store is read in a worker thread only when tokens are on and ``BodyGuard`` has not
+    already found this request's caller: an open or public request makes no round trip through
+    the worker threads, and a request with a body looks its token up once."""
     tokens = getattr(request.app.state, "tokens", None)
     if tokens is None:
         return None
     needed = needed_role(request)
     if needed is None:
         return None
-    principal = await to_thread.run_sync(tokens.authenticate, creds.credentials if creds else None)
+    principal = getattr(request.state, AUTHENTICATED, None)  # found by BodyGuard for this request
+    if principal is None:
+        principal = await to_thread.run_sync(tokens.authenticate, creds.credentials if creds else None)
     if principal is None:
         raise HTTPException(401, "a valid API token is required", headers={"WWW-Authenticate": "Bearer"})
     if not principal.role.allows(needed):

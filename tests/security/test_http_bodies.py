@@ -57,3 +57,28 @@ def test_the_largest_plan_fits(srv):
         r = http.post("/jobs/job-1/placement", content=body,
                       headers={"Authorization": f"Bearer {srv['operator']}", "Content-Type": "application/json"})
     assert r.status_code not in (413, 500) and r.status_code in (404, 409, 422), r.text[:200]
+
+
+def test_a_request_with_a_body_looks_its_token_up_once_and_its_role_is_still_checked(srv, monkeypatch):
+    """BodyGuard authenticates before the body; ``authorize`` checks the route's role with the
+    caller it found (one token-store lookup, counted in the server's thread) and still refuses a
+    role below the route's."""
+    lookups = []
+    authenticate = TokenStore.authenticate
+
+    def counted(self, secret):
+        lookups.append(secret)
+        return authenticate(self, secret)
+
+    monkeypatch.setattr(TokenStore, "authenticate", counted)
+    viewer = TokenStore(srv["engine"]).create(Role.VIEWER).secret
+    lookups.clear()
+    with httpx.Client(base_url=f"http://127.0.0.1:{srv['http_port']}/api/v1", timeout=30) as http:
+        r = http.post("/jobs/job-1/rollback", json={}, headers={"Authorization": f"Bearer {srv['operator']}"})
+        assert r.status_code not in (401, 403, 500), r.text
+        assert lookups == [srv["operator"]]
+        r = http.post("/jobs/job-1/rollback", json={}, headers={"Authorization": f"Bearer {viewer}"})
+        assert r.status_code == 403 and "needs operator" in r.json()["detail"], r.text
+        assert lookups == [srv["operator"], viewer]
+        assert http.get("/jobs", headers={"Authorization": f"Bearer {viewer}"}).status_code == 200
+        assert lookups == [srv["operator"], viewer, viewer]  # no body: authorize looks it up
