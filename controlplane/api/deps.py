@@ -8,6 +8,7 @@ from fastapi import Depends, Query, Request
 from sqlalchemy.engine import Engine
 
 from moeplane.controlplane.controller.executor import Executor
+from moeplane.controlplane.domain.bounds import MAX_INT, MAX_INT32  # noqa: F401 - the routers' bounds
 from moeplane.controlplane.store.placements import PlacementSource
 from moeplane.controlplane.store.queries import MAX_LIMIT, Range
 
@@ -23,10 +24,8 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 
 # Bounds of every number a query may carry: what the store's columns hold (BIGINT steps,
 # float seconds), so that no parameter reaches the database as an overflow (a 500). Integers
-# stop at 2**53 - 1, the largest a JSON number carries exactly (RFC 7493): past it, a client
+# stop at MAX_INT, 2**53 - 1, the largest a JSON number carries exactly (RFC 7493): past it, a client
 # that parses numbers as doubles rounds a value over the bound down onto it.
-MAX_INT = 2**53 - 1
-MAX_INT32 = 2**31 - 1  # 32-bit ids and counts (token ids, policy step counts, max_moves)
 MAX_STEP = MAX_INT
 MAX_TIME = 1e11  # unix seconds, year 5138
 

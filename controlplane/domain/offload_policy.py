@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields, replace
 
+from moeplane.controlplane.domain.bounds import Bound, check_all
 from moeplane.controlplane.domain.rebalance_policy import Mode
 from moeplane.controlplane.memory import WatermarkPolicy
+
+BOUNDS = {  # each numeric setting's range (units: OffloadPolicy)
+    "high_watermark": Bound(gt=0, le=1),
+    "low_watermark": Bound(gt=0, lt=1),  # and below high_watermark
+    "decision_timeout_s": Bound(gt=0, le=1e9),
+}
 
 
 @dataclass(frozen=True)
@@ -30,19 +36,12 @@ class OffloadPolicy:
                 object.__setattr__(self, "mode", Mode(self.mode))
             except ValueError:
                 raise ValueError(f"mode: must be 'auto' or 'manual', got {self.mode!r}") from None
-        for name in ("high_watermark", "low_watermark", "decision_timeout_s"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                raise ValueError(f"{name}: must be a finite number, got {v!r}")
-        if not 0 < self.high_watermark <= 1:
-            raise ValueError(f"high_watermark: must be in (0, 1], got {self.high_watermark!r}")
-        if not 0 < self.low_watermark < self.high_watermark:
+        check_all(self, BOUNDS)
+        if not self.low_watermark < self.high_watermark:
             raise ValueError(
-                f"low_watermark: must be in (0, high_watermark={self.high_watermark}), "
+                f"low_watermark: must be below high_watermark={self.high_watermark}, "
                 f"got {self.low_watermark!r}"
             )
-        if self.decision_timeout_s <= 0:
-            raise ValueError(f"decision_timeout_s: must be > 0, got {self.decision_timeout_s!r}")
 
     @property
     def watermarks(self) -> WatermarkPolicy:

@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 
 from moeplane.controlplane.balancing import SEARCHES
+from moeplane.controlplane.domain.bounds import MAX_INT, MAX_INT32, Bound, check_all
+
+BOUNDS = {  # each numeric setting's range (units: RebalancePolicy)
+    "imbalance_threshold": Bound(ge=1.0, le=1e6),
+    "sustain_steps": Bound(ge=1, le=MAX_INT32, integer=True),
+    "min_interval_s": Bound(ge=0, le=1e9),
+    "window_steps": Bound(ge=1, le=MAX_INT32, integer=True),
+    "horizon_steps": Bound(ge=0, le=MAX_INT32, integer=True),
+    "min_layer_gain": Bound(ge=0, lt=10),
+    "expert_bytes": Bound(ge=0, le=MAX_INT, integer=True),
+    "intra_node_bytes_per_s": Bound(ge=0, le=1e15),
+    "cross_node_bytes_per_s": Bound(ge=0, le=1e15),
+    "moe_time_fraction": Bound(gt=0, le=1),
+    "max_moves": Bound(ge=0, le=MAX_INT32, integer=True),  # or None: the planner's choice
+    "plan_timeout_s": Bound(ge=0, le=1e9),
+}
 
 
 class Mode(StrEnum):
@@ -56,22 +71,7 @@ class RebalancePolicy:
                 object.__setattr__(self, "mode", Mode(self.mode))
             except ValueError:
                 raise ValueError(f"mode: must be 'auto' or 'manual', got {self.mode!r}") from None
-        positive = ("min_interval_s", "horizon_steps", "expert_bytes", "intra_node_bytes_per_s",
-                    "cross_node_bytes_per_s", "plan_timeout_s", "window_steps", "sustain_steps")
-        for name in positive:
-            v = getattr(self, name)
-            if not isinstance(v, int | float) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"{name}: must be a finite number >= 0, got {v!r}")
-        if self.window_steps < 1 or self.sustain_steps < 1:
-            raise ValueError("window_steps, sustain_steps: must be >= 1")
-        if not (isinstance(self.imbalance_threshold, int | float) and self.imbalance_threshold >= 1.0):
-            raise ValueError(f"imbalance_threshold: must be >= 1.0, got {self.imbalance_threshold!r}")
-        if not 0 <= self.min_layer_gain < 10:
-            raise ValueError(f"min_layer_gain: must be in [0, 10), got {self.min_layer_gain!r}")
-        if not 0 < self.moe_time_fraction <= 1:
-            raise ValueError(f"moe_time_fraction: must be in (0, 1], got {self.moe_time_fraction!r}")
-        if self.max_moves is not None and (isinstance(self.max_moves, bool) or self.max_moves < 0):
-            raise ValueError(f"max_moves: must be >= 0 or null, got {self.max_moves!r}")
+        check_all(self, BOUNDS, nullable=frozenset({"max_moves"}))
         if self.search not in SEARCHES:
             raise ValueError(f"search: must be one of {', '.join(SEARCHES)}, got {self.search!r}")
 
