@@ -48,17 +48,33 @@ from moeplane.controlplane.store import queries as q
 from moeplane.controlplane.store.engine import make_engine
 
 
+def every_page(read, engine, job: str) -> list[dict]:
+    """Every row of a step-ordered history read (``q.loads_history``, ``q.step_stats_history``:
+    one row per step, or per step and rank), in pages of at most ``MAX_LIMIT`` rows; a full
+    page's last step is read again whole with the next page."""
+    rows: list[dict] = []
+    start = 0
+    while True:
+        page = read(engine, job, q.Range(step_start=start, limit=q.MAX_LIMIT))
+        if len(page) < q.MAX_LIMIT:
+            return rows + page
+        if page[0]["step"] == page[-1]["step"]:
+            raise RuntimeError(f"step {page[0]['step']}: more than {q.MAX_LIMIT} rows")
+        start = page[-1]["step"]
+        rows += [r for r in page if r["step"] < start]
+
+
 def windows(database: str, job: str, plans: list[dict],
             seen: dict[int, tuple[int, int]] | None = None):
     """Yield (plan, window [W, L, E] tokens, ahead steps, phy2log [L, G*S]) for each plan: the
     ``window_steps`` steps up to the last one stored when it was created (or ``seen[epoch]``'s
     last step), and ``measured_steps`` at the window's mean step time (or ``seen``'s count)."""
     engine = make_engine(f"sqlite:///{database}")
-    rows = q.loads_history(engine, job, q.Range(step_start=0, limit=q.MAX_LIMIT))
+    rows = every_page(q.loads_history, engine, job)
     ts = np.array([r["ts"] for r in rows])
     steps = [r["step"] for r in rows]
     policy = P.get_policy(engine, job)
-    stats = q.step_stats_history(engine, job, q.Range(step_start=0, limit=q.MAX_LIMIT))
+    stats = every_page(q.step_stats_history, engine, job)
     for p in plans:
         last = int(np.searchsorted(ts, p["created_at"], side="right")) - 1
         n = None
