@@ -4,7 +4,7 @@ picker, its bad inputs, and the device x step timeline of a range with too many 
 
 from __future__ import annotations
 
-import time
+import threading
 
 import httpx
 import numpy as np
@@ -70,7 +70,7 @@ def test_rl_page_shows_phases_idle_and_staleness(store, dashboard_server, browse
     assert severe_console_errors(browser) == []
 
 
-def _pick(browser, start: str, end: str) -> None:
+def _pick(browser, start: str, end: str, before_click=None) -> None:
     for element_id, text in (("rl-from", start), ("rl-to", end)):
         box = wait_for(lambda i=element_id: browser.find_element(By.ID, i), what=element_id)
         box.send_keys(Keys.CONTROL, "a")  # clear() would not reach React's state
@@ -78,6 +78,8 @@ def _pick(browser, start: str, end: str) -> None:
         if text:
             box.send_keys(text)
         wait_for(lambda b=box, v=text: b.get_attribute("value") == v, what=f"{element_id} = {text!r}")
+    if before_click is not None:
+        before_click()
     click(browser, By.ID, "rl-apply")
 
 
@@ -124,26 +126,47 @@ def test_step_range_picker_drives_the_page_and_refuses_bad_ranges(store, dashboa
     assert severe_console_errors(browser) == []
 
 
+class _HoldOneCall:
+    """Wraps ``store_rl.latest_step`` in the server's threads: after :meth:`arm`, the next call
+    (the click's) is held until another call has started (a tick's, which Dash sends while the
+    click's call is in flight and whose answer supersedes it), or for at most ``seconds``."""
+
+    def __init__(self, read, seconds: float = 10.0):
+        self.read, self.seconds = read, seconds
+        self.lock = threading.Lock()
+        self.armed = False
+        self.other = threading.Event()
+
+    def arm(self) -> None:
+        with self.lock:
+            self.armed = True
+            self.other.clear()
+
+    def __call__(self, *args, **kwargs):
+        with self.lock:
+            hold, self.armed = self.armed, False
+            if not hold:
+                self.other.set()
+        if hold:
+            self.other.wait(self.seconds)
+        return self.read(*args, **kwargs)
+
+
 def test_a_click_survives_a_tick_that_lands_while_its_answer_is_in_flight(store, dashboard_server, browser,
                                                                            monkeypatch):
-    """The picker's callback made slow (1.5 s of a 2-s tick, injected latency in the server's
-    thread): the tick's call, requested while the click's is in flight, supersedes it in Dash and
-    must apply the click itself (before the fix, 2 of 3 picks here were lost)."""
+    """The click's call to the picker's callback is held until a tick's call has started: the
+    tick's call supersedes it in Dash and must apply the click itself (before the fix, the picks
+    here were lost)."""
     from moeplane.dashboard import rl_callbacks
 
     engine, sim = store
     _fill(engine, sim.job_id)
-    latest = rl_callbacks.store_rl.latest_step
-
-    def slow_latest(*args, **kwargs):
-        time.sleep(1.5)  # the latency injected, not a wait
-        return latest(*args, **kwargs)
-
-    monkeypatch.setattr(rl_callbacks.store_rl, "latest_step", slow_latest)
+    gate = _HoldOneCall(rl_callbacks.store_rl.latest_step)
+    monkeypatch.setattr(rl_callbacks.store_rl, "latest_step", gate)
     browser.get(dashboard_server.url + "rl")
     wait_for(lambda: _bars(browser) == 48, what="three steps of 4 devices x 4 spans", timeout=30)
     for start, end, bars in (("1", "1", 16), ("0", "1", 32), ("", "", 48)):
-        _pick(browser, start, end)
+        _pick(browser, start, end, before_click=gate.arm)
         wait_for(lambda b=bars: _bars(browser) == b, what=f"steps {start!r}-{end!r}: {bars} bars", timeout=30)
 
 
