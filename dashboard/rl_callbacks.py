@@ -34,8 +34,8 @@ from moeplane.controlplane.store import rl as store_rl
 from moeplane.controlplane.store import rl_steps
 from moeplane.dashboard import rl_loads
 from moeplane.dashboard import rl_views as V
+from moeplane.dashboard.rl_loads import STEPS  # the newest steps shown while the picker is blank
 
-STEPS = 20  # steps shown when the picker is blank
 GANTT_MAX_SPANS = 20_000  # above this many spans in the range, the timeline is one cell per device and step
 ANALYSIS_MAX_SPANS = 100_000
 ANALYSIS = ("rl-steps", "rl-heatmap", "rl-tail", "rl-staleness", "rl-sync")

@@ -22,7 +22,7 @@ from moeplane.controlplane.rl.step_window import step_window
 from moeplane.controlplane.store import rl_loads
 from moeplane.dashboard.rl_views import PHASE_COLORS
 
-STEPS = 20
+STEPS = 20  # the RL page's blank range (its picker and this section): the newest STEPS steps
 MAX_PANELS = 4  # phases drawn side by side (generate and train_update first)
 FIRST = ("generate", "train_update")
 

@@ -8,7 +8,7 @@ from fastapi import Depends, Query, Request
 from sqlalchemy.engine import Engine
 
 from moeplane.controlplane.controller.executor import Executor
-from moeplane.controlplane.domain.bounds import MAX_INT, MAX_INT32  # noqa: F401 - the routers' bounds
+from moeplane.controlplane.domain.bounds import MAX_INT
 from moeplane.controlplane.store.placements import PlacementSource
 from moeplane.controlplane.store.queries import MAX_LIMIT, Range
 

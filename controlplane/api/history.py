@@ -21,10 +21,11 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from moeplane.controlplane.api.deps import MAX_INT, MAX_STEP, MAX_TIME, EngineDep, PlacementsDep
+from moeplane.controlplane.api.deps import MAX_STEP, MAX_TIME, EngineDep, PlacementsDep
 from moeplane.controlplane.api.plans import PlanSummary
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
 from moeplane.controlplane.api.rules import STEP_RANGE, rules
+from moeplane.controlplane.domain.bounds import MAX_INT
 from moeplane.controlplane.retention import RetentionPolicy
 from moeplane.controlplane.store import history as H
 from moeplane.controlplane.store import load_history as LH

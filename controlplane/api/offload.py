@@ -8,11 +8,12 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 from pydantic import BaseModel, Field
 
-from moeplane.controlplane.api.deps import MAX_INT, EngineDep, ExecutorDep
+from moeplane.controlplane.api.deps import EngineDep, ExecutorDep
 from moeplane.controlplane.api.policy import OffloadPolicyChanges
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
 from moeplane.controlplane.api.rules import rules
 from moeplane.controlplane.api.schemas import ErrorBody
+from moeplane.controlplane.domain.bounds import MAX_INT
 from moeplane.controlplane.domain.lifecycle import Status
 from moeplane.controlplane.store import memory_profiles as M
 from moeplane.controlplane.store import offload as O

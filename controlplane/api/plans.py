@@ -11,13 +11,14 @@ import numpy as np
 from fastapi import APIRouter, Body, Path, Query
 from pydantic import BaseModel, Field, StrictInt
 
-from moeplane.controlplane.api.deps import MAX_INT, MAX_INT32, EngineDep, ExecutorDep, PlacementsDep
+from moeplane.controlplane.api.deps import EngineDep, ExecutorDep, PlacementsDep
 from moeplane.controlplane.api.policy import PolicyChanges
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND, JobId
 from moeplane.controlplane.api.rules import JOB_SHAPE, rules
 from moeplane.controlplane.api.schemas import ErrorBody
 from moeplane.controlplane.balancing import count_moves, plan_placement
 from moeplane.controlplane.balancing.validate import check_placement
+from moeplane.controlplane.domain.bounds import MAX_INT, MAX_INT32
 from moeplane.controlplane.domain.lifecycle import IN_FLIGHT, Conflict, Status
 from moeplane.controlplane.store import plans as P
 from moeplane.controlplane.store import queries as q

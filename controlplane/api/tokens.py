@@ -11,12 +11,12 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 
-from moeplane.controlplane.api.deps import MAX_INT32
 from moeplane.controlplane.api.routes import BAD, NOT_FOUND
 from moeplane.controlplane.api.rules import rules
 from moeplane.controlplane.auth.http import role_extra
 from moeplane.controlplane.auth.streams import ENDED_CHANNEL, ended_payload
 from moeplane.controlplane.auth.tokens import Role, TokenStore
+from moeplane.controlplane.domain.bounds import MAX_INT32
 
 router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
 ADMIN = role_extra(Role.ADMIN)
