@@ -28,10 +28,10 @@ def server_args() -> dict:
 
 
 @pytest.fixture
-def local_agent(tmp_path, agent_args, server_args):
+def local_agent_process(tmp_path, agent_args, server_args):
     """A real agent process (node-0, job j1, ranks 0-1, plus ``agent_args``) uplinked to a real
-    ``moeplane serve`` on SQLite: yields (server, channel), the channel to the agent's NodeLocal
-    Unix socket."""
+    ``moeplane serve`` on SQLite: yields (server, agent process, channel), the channel to the
+    agent's NodeLocal Unix socket; the agent must exit 0 when stopped (by the test or here)."""
     server = Server(tmp_path, **server_args).start()
     agent = start_agent(tmp_path, server.port, "node-0", "--job-id", "j1", "--ranks", "0-1",
                         *agent_args)
@@ -39,10 +39,17 @@ def local_agent(tmp_path, agent_args, server_args):
     try:
         wait_path(tmp_path / "node-0.sock", agent)
         channel = grpc.insecure_channel(f"unix:{tmp_path / 'node-0.sock'}")
-        yield server, channel
+        yield server, agent, channel
     finally:
         if channel is not None:
             channel.close()
         code = stop(agent)
         server.close()
     assert code == 0
+
+
+@pytest.fixture
+def local_agent(local_agent_process):
+    """:func:`local_agent_process` without the process: yields (server, channel)."""
+    server, _, channel = local_agent_process
+    return server, channel

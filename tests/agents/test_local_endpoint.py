@@ -13,8 +13,7 @@ from moeplane.controlplane.procs import wait_until
 from moeplane.controlplane.wire import moeplane_pb2 as pb
 from moeplane.controlplane.wire import moeplane_pb2_grpc as pb_grpc
 from moeplane.controlplane.wire.arrays import encode_array
-from tests.agents.procs import start_agent, stop, wait_path
-from tests.agents.server import Server
+from tests.agents.procs import stop
 
 JOB = pb.JobSpec(job_id="j1", layers=2, experts=4, top_k=1, world_size=2, slots_per_rank=2,
                  ranks_per_node=2)
@@ -168,24 +167,17 @@ def test_a_device_only_a_rank_knows_gets_samples_of_what_the_rank_measures(local
     r1.close()
 
 
-def test_ranks_that_go_away_are_detached_without_an_error_in_the_log(tmp_path, server_args):
+def test_ranks_that_go_away_are_detached_without_an_error_in_the_log(tmp_path, local_agent_process):
     """A rank's stream cancelled, then the agent stopped with the other rank still attached: both
     are detached and the agent exits 0 with no error or traceback in its log."""
-    server = Server(tmp_path, **server_args).start()
-    agent = start_agent(tmp_path, server.port, "node-0", "--job-id", "j1", "--ranks", "0-1")
+    _, agent, channel = local_agent_process
     log = tmp_path / "agent-node-0.log"
-    try:
-        wait_path(tmp_path / "node-0.sock", agent)
-        with grpc.insecure_channel(f"unix:{tmp_path / 'node-0.sock'}") as channel:
-            r0, r1 = Rank(channel, 0), Rank(channel, 1)
-            wait_until(lambda: log.read_text().count("of job j1 attached") == 2, 20, "both ranks attached")
-            r0.call.cancel()
-            wait_until(lambda: "rank 0 detached" in log.read_text(), 20, "rank 0 detached")
-            assert stop(agent) == 0
-            assert "rank 1 detached" in log.read_text()
-            r1.close()
-    finally:
-        stop(agent)
-        server.close()
+    r0, r1 = Rank(channel, 0), Rank(channel, 1)
+    wait_until(lambda: log.read_text().count("of job j1 attached") == 2, 20, "both ranks attached")
+    r0.call.cancel()
+    wait_until(lambda: "rank 0 detached" in log.read_text(), 20, "rank 0 detached")
+    assert stop(agent) == 0
+    assert "rank 1 detached" in log.read_text()
+    r1.close()
     text = log.read_text()
     assert "Traceback" not in text and "ERROR" not in text, text
